@@ -1,0 +1,2 @@
+"""DAPO Lab: reproduce and ablate DAPO."""
+__version__ = "0.1.0"

@@ -1,0 +1,526 @@
+"""Typed, frozen experiment configuration.
+
+An experiment is one YAML file (optionally ``inherit:``-ing another) plus dotted
+overrides (``algo.clip.eps_high=0.28``). Loading builds the frozen dataclasses below,
+checks every type and range, and raises one :class:`ConfigError` that names the file,
+the key, the bad value and what is allowed. Loading has no side effects: nothing is
+created, downloaded or imported beyond the standard library and PyYAML.
+
+Every DAPO technique is one toggle group under ``algo``:
+
+- ``algo.clip``              Clip-Higher (eps_low 0.2 / eps_high 0.28; GRPO: 0.2 / 0.2)
+- ``algo.loss_agg``          token-level loss (``token_mean``) vs GRPO's ``seq_mean_token_mean``
+- ``algo.overlong``          overlong filtering (``filter``) and soft overlong punishment
+- ``algo.dynamic_sampling``  drop all-correct / all-wrong groups and refill the batch
+- ``algo.kl``                KL penalty (off in DAPO)
+
+``import dapo.config`` must not import torch (tests check it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+__all__ = [
+    "ConfigError", "Config", "load_config", "build_config", "parse_overrides",
+    "apply_overrides", "to_dict", "flatten", "config_hash", "field_docs",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the file, the key and what is allowed."""
+
+
+def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING):
+    """A dataclass field with a one-line doc (shown by ``dapo config --help-keys``)."""
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+# --------------------------------------------------------------------------- sections
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = doc("HF model directory, a preset (tiny-3m, tiny-25m, smollm2-135m-instruct), or a hub id", "tiny-3m")
+    train_dtype: Literal["float32", "bfloat16"] = doc("parameter dtype of the trainer (float32 = fp32 master weights)", "float32")
+    autocast_bf16: bool = doc("run forward/backward under bf16 autocast (≈3× faster on AVX-512 CPUs and on GPUs)", True)
+    rollout_dtype: Literal["float32", "bfloat16", "auto"] = doc("dtype the rollout engine serves the policy in", "auto")
+    gradient_checkpointing: bool = doc("recompute activations in backward to save memory (large models)", False)
+
+
+@dataclass(frozen=True)
+class EvalSetConfig:
+    name: str = doc("dataset name (aime24, aime25, math500, gsm8k, arith-eval) or a .jsonl/.parquet path", "aime24")
+    limit: Optional[int] = doc("evaluate on the first N problems only (None = all)", None)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: str = doc("training dataset: dapo-math-17k, arith-train, gsm8k, a .jsonl/.parquet path, or hf:<id>", "dapo-math-17k")
+    train_limit: Optional[int] = doc("use only the first N training problems (None = all)", None)
+    template: Literal["default", "dapo", "boxed", "none"] = doc("prompt template (default = the dataset's own)", "default")
+    use_chat_template: Literal["auto", "yes", "no"] = doc("wrap prompts in the tokenizer's chat template (auto = if it has one)", "auto")
+    max_prompt_tokens: int = doc("prompts longer than this are bad rows (dropped or fatal, see on_bad)", 1024)
+    on_bad: Literal["drop", "fail"] = doc("what to do with bad rows (missing answer, non-string prompt, too long)", "drop")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: Literal["vllm", "hf"] = doc("rollout engine: vllm (fast) or hf (plain transformers generate)", "vllm")
+    n: int = doc("G, responses sampled per prompt", 16)
+    temperature: float = doc("sampling temperature of training rollouts", 1.0)
+    top_p: float = doc("nucleus sampling threshold of training rollouts", 1.0)
+    max_new_tokens: int = doc("generation cap per response (the paper: 20480)", 20480)
+    vllm_kv_cache_gib: float = doc("CPU vLLM: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)", 2.0)
+    gpu_memory_utilization: float = doc("GPU vLLM: fraction of GPU memory vLLM may take", 0.5)
+    retries: int = doc("re-create the engine and retry a failed generation this many times", 1)
+
+
+@dataclass(frozen=True)
+class ClipConfig:
+    eps_low: float = doc("lower clip range ε_low: ratio floor 1-ε_low", 0.2)
+    eps_high: float = doc("upper clip range ε_high: ratio ceiling 1+ε_high (Clip-Higher: 0.28)", 0.28)
+    dual_clip_c: Optional[float] = doc("dual clip constant c > 1 for negative advantages (verl: 10; None = off)", None)
+
+
+@dataclass(frozen=True)
+class KLConfig:
+    coef: float = doc("β of the KL penalty to the reference policy (DAPO: 0 = off, no reference model)", 0.0)
+    estimator: Literal["k1", "k2", "k3"] = doc("per-token KL estimator", "k3")
+
+
+@dataclass(frozen=True)
+class OverlongConfig:
+    filter: bool = doc("overlong filtering: truncated responses get loss mask 0", False)
+    soft_punish: bool = doc("soft overlong punishment added to the reward", True)
+    max_len: int = doc("L_max of the punishment (the paper: 20480 = the generation cap)", 20480)
+    cache_len: int = doc("L_cache, the punishment buffer (the paper: 4096)", 4096)
+    factor: float = doc("penalty at and beyond L_max (the paper: 1.0)", 1.0)
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    enabled: bool = doc("keep only groups with 0 < #correct < G, generate more until the batch is full", True)
+    metric: Literal["acc"] = doc("what decides a group is uninformative (acc = correctness, not the shaped reward)", "acc")
+    gen_batch_prompts: Optional[int] = doc("prompts per generation round (verl: 3× the batch; None = oversample × batch)", None)
+    oversample: float = doc("prompts per round = ceil(oversample × batch_prompts) when gen_batch_prompts is None", 3.0)
+    max_gen_rounds: int = doc("give up after this many generation rounds in one step", 10)
+    on_exhausted: Literal["error", "proceed"] = doc("when rounds run out: stop with an error, or train on what was kept", "error")
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    name: str = doc("a label for the recipe (grpo, dapo, ...); informational", "dapo")
+    clip: ClipConfig = doc("Clip-Higher toggle group", factory=ClipConfig)
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = doc(
+        "how per-token losses become a scalar (DAPO: token_mean; GRPO: seq_mean_token_mean)", "token_mean")
+    kl: KLConfig = doc("KL penalty toggle group", factory=KLConfig)
+    entropy_coef: float = doc("entropy bonus coefficient (0 = off, as in DAPO)", 0.0)
+    overlong: OverlongConfig = doc("overlong filtering / soft punishment toggle group", factory=OverlongConfig)
+    dynamic_sampling: DynamicSamplingConfig = doc("dynamic sampling toggle group", factory=DynamicSamplingConfig)
+    adv_eps: float = doc("ε in (R - mean) / (std + ε)", 1e-6)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = doc("seed of everything (data order, init of sampling, dropout)", 0)
+    rollout_steps: int = doc("number of rollout steps (each: sample, score, several gradient steps)", 100)
+    batch_prompts: int = doc("B, prompts per rollout step after dynamic sampling (the paper: 512)", 512)
+    mini_batch_prompts: int = doc("prompts per optimizer step; B / this = gradient steps per rollout (the paper: 32 → 16)", 32)
+    micro_batch_seqs: int = doc("sequences per forward/backward (gradient accumulation inside a mini-batch)", 8)
+    ppo_epochs: int = doc("passes over each rollout batch", 1)
+    lr: float = doc("AdamW learning rate (the paper: 1e-6)", 1e-6)
+    warmup_grad_steps: int = doc("linear warm-up length in gradient steps (the paper: 20 rollout steps)", 0)
+    weight_decay: float = doc("AdamW weight decay (the paper: 0.1)", 0.1)
+    betas: tuple[float, float] = doc("AdamW betas", (0.9, 0.999))
+    grad_clip: float = doc("max global gradient norm (the paper: 1.0)", 1.0)
+    nonfinite: Literal["skip", "stop"] = doc("NaN/inf loss or gradient: skip the optimizer step, or stop the run", "skip")
+    threads: Optional[int] = doc("torch CPU threads (None = all cores)", None)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    datasets: tuple[EvalSetConfig, ...] = doc("evaluation sets", factory=lambda: (EvalSetConfig("aime24"),))
+    every: int = doc("evaluate every N rollout steps (0 = only at the start and the end)", 5)
+    at_start: bool = doc("evaluate before the first update (grad step 0)", True)
+    k: int = doc("samples per problem: avg@k, pass@k, cons@k", 32)
+    temperature: float = doc("evaluation sampling temperature (the paper: 1.0)", 1.0)
+    top_p: float = doc("evaluation nucleus threshold (the paper: 0.7)", 0.7)
+    max_new_tokens: Optional[int] = doc("evaluation generation cap (None = rollout.max_new_tokens)", None)
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    tracking_uri: Optional[str] = doc("MLflow tracking URI (None = sqlite store mlruns.db in the output root)", None)
+    experiment: str = doc("MLflow experiment name (sweeps use the sweep name)", "dapo-lab")
+    sweep: str = doc("sweep name tag (set by the sweep launcher)", "")
+    arm: str = doc("arm name tag (set by the sweep launcher)", "")
+    progress: bool = doc("show progress bars", True)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = doc("checkpoint every N rollout steps (0 = only at the end)", 10)
+    keep_last: int = doc("keep the last N checkpoints", 2)
+    save_final_model: bool = doc("save the final policy as an HF directory", False)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    num_processes: int = doc("data-parallel processes per node (accelerate)", 1)
+    num_nodes: int = doc("nodes", 1)
+    mixed_precision: Literal["no", "bf16"] = doc("accelerate mixed precision on GPUs", "no")
+    fsdp: bool = doc("shard the policy with FSDP (multi-GPU)", False)
+    accelerate_config: Optional[str] = doc("path to an accelerate YAML (e.g. slurm/accelerate-fsdp.yaml)", None)
+
+
+@dataclass(frozen=True)
+class Config:
+    """A fully resolved experiment."""
+    name: str = doc("experiment name", "experiment")
+    output_dir: str = doc("root under which each run gets runs/<run_id>/", "runs")
+    model: ModelConfig = doc("policy model", factory=ModelConfig)
+    data: DataConfig = doc("training data", factory=DataConfig)
+    rollout: RolloutConfig = doc("rollout sampling", factory=RolloutConfig)
+    algo: AlgoConfig = doc("the algorithm and its toggles", factory=AlgoConfig)
+    train: TrainConfig = doc("optimization", factory=TrainConfig)
+    eval: EvalConfig = doc("evaluation", factory=EvalConfig)
+    logging: LoggingConfig = doc("tracking", factory=LoggingConfig)
+    checkpoint: CheckpointConfig = doc("checkpoints", factory=CheckpointConfig)
+    launch: LaunchConfig = doc("processes, nodes, sharding", factory=LaunchConfig)
+
+    # Derived quantities, handy for the loop and the launcher.
+    @property
+    def grad_steps_per_rollout(self) -> int:
+        return self.train.ppo_epochs * (self.train.batch_prompts // self.train.mini_batch_prompts)
+
+    @property
+    def gen_batch_prompts(self) -> int:
+        ds = self.algo.dynamic_sampling
+        if not ds.enabled:
+            return self.train.batch_prompts
+        if ds.gen_batch_prompts is not None:
+            return ds.gen_batch_prompts
+        return -(-int(ds.oversample * self.train.batch_prompts * 1000) // 1000)
+
+
+# --------------------------------------------------------------------------- building
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is typing.Union:
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return "list"
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return "mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; return the typed value or raise."""
+    def bad(extra: str = "") -> ConfigError:
+        return ConfigError(f"{where}: {key} = {value!r}: expected {_type_name(tp)}{extra}")
+
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if value is None:
+            value = {}
+        if isinstance(value, str) and "name" in {f.name for f in dataclasses.fields(tp)}:
+            value = {"name": value}  # shorthand: `datasets: [aime24]`
+        if not isinstance(value, dict):
+            raise bad()
+        return _build(tp, value, key, where)
+    if origin is typing.Union:
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key, where)
+            except ConfigError:
+                pass
+        raise bad()
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise bad()
+        return value
+    if origin is tuple:
+        if isinstance(value, dict) or isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise bad()
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], f"{key}[{i}]", where) for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise bad(f" of length {len(args)}")
+        return tuple(_coerce(v, a, f"{key}[{i}]", where) for i, (v, a) in enumerate(zip(value, args)))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad()
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad()
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad()
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad()
+        return value
+    raise bad()  # pragma: no cover - unknown annotation
+
+
+def _build(cls: type, data: dict, prefix: str, where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in names:
+            full = f"{prefix}.{k}" if prefix else str(k)
+            raise ConfigError(f"{where}: unknown key {full!r}; allowed under "
+                              f"{prefix or 'the top level'}: {', '.join(sorted(names))}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        full = f"{prefix}.{f.name}" if prefix else f.name
+        if f.name in data:
+            kwargs[f.name] = _coerce(data[f.name], hints[f.name], full, where)
+        elif dataclasses.is_dataclass(hints[f.name]):
+            kwargs[f.name] = _build(hints[f.name], {}, full, where)
+    return cls(**kwargs)
+
+
+def _check_ranges(cfg: Config, where: str) -> None:
+    """Cross-field and range checks. Pure: reads ``cfg``, raises ConfigError."""
+    def need(cond: bool, key: str, value: Any, allowed: str) -> None:
+        if not cond:
+            raise ConfigError(f"{where}: {key} = {value!r}: {allowed}")
+
+    c, t, r, a, e = cfg.algo.clip, cfg.train, cfg.rollout, cfg.algo, cfg.eval
+    need(0 <= c.eps_low < 1, "algo.clip.eps_low", c.eps_low, "must be in [0, 1)")
+    need(c.eps_high >= 0, "algo.clip.eps_high", c.eps_high, "must be >= 0")
+    need(c.eps_high >= c.eps_low, "algo.clip.eps_high", c.eps_high,
+         f"must be >= algo.clip.eps_low ({c.eps_low}); Clip-Higher raises the upper bound")
+    need(c.dual_clip_c is None or c.dual_clip_c > 1, "algo.clip.dual_clip_c", c.dual_clip_c, "must be > 1 or null")
+    need(a.kl.coef >= 0, "algo.kl.coef", a.kl.coef, "must be >= 0")
+    need(a.adv_eps > 0, "algo.adv_eps", a.adv_eps, "must be > 0")
+    o = a.overlong
+    need(o.max_len > 0, "algo.overlong.max_len", o.max_len, "must be > 0")
+    need(0 < o.cache_len <= o.max_len, "algo.overlong.cache_len", o.cache_len,
+         f"must be in (0, algo.overlong.max_len = {o.max_len}]")
+    need(o.factor >= 0, "algo.overlong.factor", o.factor, "must be >= 0")
+    ds = a.dynamic_sampling
+    need(ds.max_gen_rounds >= 1, "algo.dynamic_sampling.max_gen_rounds", ds.max_gen_rounds, "must be >= 1")
+    need(ds.oversample >= 1, "algo.dynamic_sampling.oversample", ds.oversample, "must be >= 1")
+    need(ds.gen_batch_prompts is None or ds.gen_batch_prompts >= 1,
+         "algo.dynamic_sampling.gen_batch_prompts", ds.gen_batch_prompts, "must be >= 1 or null")
+    need(r.n >= 1, "rollout.n", r.n, "must be >= 1")
+    need(not (ds.enabled and r.n < 2), "rollout.n", r.n, "dynamic sampling needs G >= 2 responses per prompt")
+    need(r.temperature >= 0, "rollout.temperature", r.temperature, "must be >= 0")
+    need(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "must be in (0, 1]")
+    need(r.max_new_tokens >= 1, "rollout.max_new_tokens", r.max_new_tokens, "must be >= 1")
+    need(r.retries >= 0, "rollout.retries", r.retries, "must be >= 0")
+    need(t.rollout_steps >= 0, "train.rollout_steps", t.rollout_steps, "must be >= 0")
+    need(t.batch_prompts >= 1, "train.batch_prompts", t.batch_prompts, "must be >= 1")
+    need(t.mini_batch_prompts >= 1, "train.mini_batch_prompts", t.mini_batch_prompts, "must be >= 1")
+    need(t.batch_prompts % t.mini_batch_prompts == 0, "train.batch_prompts", t.batch_prompts,
+         f"must be divisible by train.mini_batch_prompts ({t.mini_batch_prompts})")
+    need(t.micro_batch_seqs >= 1, "train.micro_batch_seqs", t.micro_batch_seqs, "must be >= 1")
+    per_rank = t.mini_batch_prompts * r.n
+    need(per_rank % cfg.launch.num_processes == 0, "train.mini_batch_prompts", t.mini_batch_prompts,
+         f"× rollout.n ({r.n}) must be divisible by launch.num_processes ({cfg.launch.num_processes})")
+    need((per_rank // cfg.launch.num_processes) % t.micro_batch_seqs == 0, "train.micro_batch_seqs",
+         t.micro_batch_seqs, f"must divide the sequences per mini-batch per process "
+         f"({per_rank // cfg.launch.num_processes})")
+    need(t.ppo_epochs >= 1, "train.ppo_epochs", t.ppo_epochs, "must be >= 1")
+    need(t.lr > 0, "train.lr", t.lr, "must be > 0")
+    need(t.warmup_grad_steps >= 0, "train.warmup_grad_steps", t.warmup_grad_steps, "must be >= 0")
+    need(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must be >= 0")
+    need(t.grad_clip > 0, "train.grad_clip", t.grad_clip, "must be > 0")
+    need(all(0 <= b < 1 for b in t.betas), "train.betas", t.betas, "each must be in [0, 1)")
+    need(t.threads is None or t.threads >= 1, "train.threads", t.threads, "must be >= 1 or null")
+    need(e.every >= 0, "eval.every", e.every, "must be >= 0")
+    need(e.k >= 1, "eval.k", e.k, "must be >= 1")
+    need(0 < e.top_p <= 1, "eval.top_p", e.top_p, "must be in (0, 1]")
+    need(e.temperature >= 0, "eval.temperature", e.temperature, "must be >= 0")
+    need(e.max_new_tokens is None or e.max_new_tokens >= 1, "eval.max_new_tokens", e.max_new_tokens, "must be >= 1")
+    for i, d in enumerate(e.datasets):
+        need(d.limit is None or d.limit >= 1, f"eval.datasets[{i}].limit", d.limit, "must be >= 1 or null")
+    need(cfg.data.max_prompt_tokens >= 1, "data.max_prompt_tokens", cfg.data.max_prompt_tokens, "must be >= 1")
+    need(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, "must be >= 0")
+    need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", cfg.checkpoint.keep_last, "must be >= 1")
+    need(cfg.launch.num_processes >= 1, "launch.num_processes", cfg.launch.num_processes, "must be >= 1")
+    need(cfg.launch.num_nodes >= 1, "launch.num_nodes", cfg.launch.num_nodes, "must be >= 1")
+    need(0 < r.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", r.gpu_memory_utilization,
+         "must be in (0, 1]")
+
+
+def build_config(data: dict, where: str = "<config>") -> Config:
+    """Build and validate a :class:`Config` from a nested dict (no file I/O)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: the top level must be a mapping, got {type(data).__name__}")
+    cfg = _build(Config, data, "", where)
+    _check_ranges(cfg, where)
+    return cfg
+
+
+# --------------------------------------------------------------------------- overrides
+def parse_value(text: str) -> Any:
+    """Parse an override's value with YAML rules (``0.28`` → float, ``true`` → bool, ``[a, b]`` → list)."""
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``["a.b=1", "c=x"]`` → ``{"a.b": 1, "c": "x"}``; an item without ``=`` is an error."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. algo.clip.eps_high=0.28")
+        k, v = item.split("=", 1)
+        k = k.strip()
+        if not k:
+            raise ConfigError(f"override {item!r}: empty key")
+        out[k] = parse_value(v)
+    return out
+
+
+def _known_keys(cls: type = Config, prefix: str = "") -> set[str]:
+    keys = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        full = f"{prefix}.{f.name}" if prefix else f.name
+        keys.add(full)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys |= _known_keys(hints[f.name], full)
+    return keys
+
+
+def apply_overrides(data: dict, overrides: dict[str, Any], where: str = "<overrides>") -> dict:
+    """Return a deep copy of ``data`` with dotted ``overrides`` applied.
+
+    A key that names no config field is an error listing the closest valid keys.
+    """
+    out = json.loads(json.dumps(data, default=list))
+    known = _known_keys()
+    for key, value in overrides.items():
+        if key not in known:
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            near = sorted(k for k in known if k.startswith(parent + ".") and k.count(".") == key.count("."))
+            hint = f"; keys under {parent!r}: {', '.join(near)}" if parent and near else ""
+            raise ConfigError(f"{where}: unknown key {key!r}{hint}")
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[parts[-1]] = value
+    return out
+
+
+def _deep_merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_yaml(path: str | Path, _seen: tuple = ()) -> dict:
+    """Read an experiment YAML, resolving ``inherit: other.yaml`` (relative to the file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such experiment file")
+    if path.resolve() in _seen:
+        raise ConfigError(f"{path}: inherit cycle through {' -> '.join(str(p) for p in _seen)}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    parent = data.pop("inherit", None)
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise ConfigError(f"{path}: inherit = {parent!r}: expected a file name")
+        base = read_yaml(path.parent / parent, _seen + (path.resolve(),))
+        data = _deep_merge(base, data)
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> Config:
+    """Load an experiment YAML (or the defaults when ``path`` is None) plus dotted overrides."""
+    data = read_yaml(path) if path is not None else {}
+    where = str(path) if path is not None else "<defaults>"
+    if overrides:
+        ov = parse_overrides(overrides) if isinstance(overrides, (list, tuple)) else dict(overrides)
+        data = apply_overrides(data, ov, where=f"{where} (overrides)")
+    return build_config(data, where)
+
+
+# --------------------------------------------------------------------------- views
+def to_dict(cfg: Any) -> dict:
+    """Config → plain nested dict (tuples as lists), YAML/JSON friendly."""
+    def conv(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: conv(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [conv(x) for x in v]
+        return v
+    return conv(cfg)
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested dict → ``{"algo.clip.eps_high": 0.28, ...}`` (lists kept as values)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict):
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def config_hash(cfg: Config, *, exclude: tuple[str, ...] = ("logging", "output_dir", "name")) -> str:
+    """A stable 12-hex-digit hash of everything that changes the run's numbers."""
+    d = to_dict(cfg)
+    for k in exclude:
+        d.pop(k, None)
+    blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, doc) for every field; used by ``dapo config --keys``."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows.extend(field_docs(hints[f.name], key))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
+            rows.append((key, json.dumps(to_dict(default) if dataclasses.is_dataclass(default) else
+                                         to_dict(default) if isinstance(default, tuple) else default,
+                                         default=str), f.metadata.get("doc", "")))
+    return rows

@@ -1,0 +1,180 @@
+"""The mini task: integer arithmetic with worked steps, in DAPO's ``Answer:`` format.
+
+A problem is a chain of 1–4 operations on small positive integers, written without
+spaces and ending in ``=``; the solution evaluates it one step at a time and ends
+with the answer line DAPO's scorer reads::
+
+    prompt   "7*3-5="
+    solution "7*3=21. 21-5=16.\\nAnswer: 16"
+    answer   "16"
+
+Evaluation order. The solution always works left to right. To keep that identical
+to the usual precedence rules, every ``*`` comes before any ``+`` or ``-`` in a
+problem (``3*4+5-2`` can be generated, ``3+4*5`` cannot), so each prompt has one
+answer under either reading. Intermediate results (and answers) may be negative:
+``3-5=-2. -2+7=5.``.
+
+Everything is made from a seed with ``random.Random``, so a split is the same list on
+every machine and Python version (``Random.randrange``/``choice`` are stable across
+3.x). Only characters of the character vocabulary are used: digits, ``+-*=.``,
+space, newline and the letters of ``Answer:``.
+
+Splits (registered in :mod:`dapo.data` under the names below, scorer ``"dapo"``):
+
+- ``arith-eval``: the fixed held-out set, 200 problems, seed ``EVAL_SEED``, equal
+  shares of 1, 2 and 3 operations (the ``ops`` range the base model was trained on).
+- ``arith-train``: 20 000 problems, seed ``TRAIN_SEED``, never containing an
+  ``arith-eval`` prompt (problems are drawn and rejected by prompt string). Short
+  problems repeat: there are only 12·12·3 = 432 distinct one-operation problems with
+  operands 1–12, so the train split samples with replacement.
+
+The supervised warm-up (:mod:`dapo.base_model`) draws its own stream with another
+seed, with the same exclusion of ``arith-eval`` prompts.
+"""
+from __future__ import annotations
+
+import random
+from typing import Iterator, Sequence
+
+OPS = "+-*"
+"""Operators; ``*`` is drawn like the others and then moved to the front."""
+
+EVAL_SEED = 20250314
+TRAIN_SEED = 1
+N_EVAL = 200
+N_TRAIN = 20_000
+DEFAULT_OPERAND_MAX = 12
+DEFAULT_N_OPS: tuple[int, int] = (1, 3)
+
+
+def _apply(a: int, op: str, b: int) -> int:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    raise ValueError(f"unknown operator {op!r}; valid: {list(OPS)}")
+
+
+def make_problem(rng: random.Random, n_ops: int, operand_max: int) -> tuple[str, str, str]:
+    """One problem with ``n_ops`` operations on integers in ``[1, operand_max]``.
+
+    Returns ``(prompt, solution, answer)``: ``prompt`` like ``"7*3-5="``, ``solution``
+    the worked steps plus ``"\\nAnswer: <n>"``, ``answer`` the integer as a string.
+    """
+    if n_ops < 1:
+        raise ValueError(f"n_ops must be >= 1, got {n_ops}")
+    if operand_max < 1:
+        raise ValueError(f"operand_max must be >= 1, got {operand_max}")
+    operands = [rng.randint(1, operand_max) for _ in range(n_ops + 1)]
+    ops = [rng.choice(OPS) for _ in range(n_ops)]
+    ops.sort(key=lambda o: o != "*")  # stable: all '*' first, then '+'/'-' in draw order
+    prompt = str(operands[0]) + "".join(op + str(x) for op, x in zip(ops, operands[1:])) + "="
+    value = operands[0]
+    steps = []
+    for op, x in zip(ops, operands[1:]):
+        new = _apply(value, op, x)
+        steps.append(f"{value}{op}{x}={new}.")
+        value = new
+    answer = str(value)
+    solution = " ".join(steps) + f"\nAnswer: {answer}"
+    return prompt, solution, answer
+
+
+def evaluate_left_to_right(prompt: str) -> int:
+    """Recompute a prompt's value from its string (an independent check of the generator)."""
+    expr = prompt.rstrip("=")
+    value, num, op = None, "", None
+    for ch in expr + "\0":
+        if ch.isdigit():
+            num += ch
+            continue
+        x = int(num)
+        value = x if value is None else _apply(value, op, x)
+        num, op = "", ch
+    assert value is not None
+    return value
+
+
+def _n_ops_for(i: int, rng: random.Random, n_ops: tuple[int, int], stratified: bool) -> int:
+    lo, hi = n_ops
+    if stratified:
+        return lo + i % (hi - lo + 1)
+    return rng.randint(lo, hi)
+
+
+def iter_problems(
+    seed: int,
+    *,
+    n_ops: tuple[int, int] = DEFAULT_N_OPS,
+    operand_max: int = DEFAULT_OPERAND_MAX,
+    exclude: frozenset[str] | set[str] = frozenset(),
+    stratified: bool = False,
+    unique: bool = False,
+) -> Iterator[dict]:
+    """An endless stream of problem dicts ``{prompt, solution, answer, n_ops}``.
+
+    ``exclude``: prompts never yielded. ``stratified``: cycle the number of
+    operations lo, lo+1, …, hi instead of drawing it. ``unique``: skip repeats.
+    """
+    lo, hi = n_ops
+    if not 1 <= lo <= hi:
+        raise ValueError(f"n_ops must be (lo, hi) with 1 <= lo <= hi, got {n_ops}")
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    i = 0
+    while True:
+        k = _n_ops_for(i, rng, n_ops, stratified)
+        prompt, solution, answer = make_problem(rng, k, operand_max)
+        if prompt in exclude or (unique and prompt in seen):
+            continue  # redraw the same difficulty: keeps the stratified shares exact
+        if unique:
+            seen.add(prompt)
+        i += 1
+        yield {"prompt": prompt, "solution": solution, "answer": answer, "n_ops": k}
+
+
+def eval_problems(
+    n: int = N_EVAL,
+    seed: int = EVAL_SEED,
+    *,
+    n_ops: tuple[int, int] = DEFAULT_N_OPS,
+    operand_max: int = DEFAULT_OPERAND_MAX,
+) -> list[dict]:
+    """The fixed held-out set: ``n`` distinct problems, difficulties in equal shares."""
+    it = iter_problems(seed, n_ops=n_ops, operand_max=operand_max, stratified=True, unique=True)
+    return [next(it) for _ in range(n)]
+
+
+def eval_prompts(**kwargs) -> frozenset[str]:
+    """Prompt strings of the held-out set (what every training stream excludes)."""
+    return frozenset(p["prompt"] for p in eval_problems(**kwargs))
+
+
+def make_split(
+    name: str,
+    n: int,
+    seed: int,
+    *,
+    n_ops: tuple[int, int] = DEFAULT_N_OPS,
+    operand_max: int = DEFAULT_OPERAND_MAX,
+    exclude: frozenset[str] | set[str] = frozenset(),
+) -> list[dict]:
+    """``n`` problems of split ``name``: ``"eval"`` (distinct, stratified by difficulty)
+    or ``"train"`` (difficulty drawn uniformly, repeats allowed, ``exclude`` plus the
+    default held-out prompts removed)."""
+    if name == "eval":
+        return eval_problems(n, seed, n_ops=n_ops, operand_max=operand_max)
+    if name == "train":
+        excl = frozenset(exclude) | eval_prompts()
+        it = iter_problems(seed, n_ops=n_ops, operand_max=operand_max, exclude=excl)
+        return [next(it) for _ in range(n)]
+    raise ValueError(f"unknown split {name!r}; valid: ['eval', 'train']")
+
+
+def length_stats(problems: Sequence[dict]) -> dict[str, float]:
+    """Character lengths of the solutions (one char = one token with the char tokenizer)."""
+    lens = sorted(len(p["solution"]) for p in problems)
+    return {"min": lens[0], "mean": sum(lens) / len(lens), "max": lens[-1],
+            "p90": lens[int(0.9 * (len(lens) - 1))]}
