@@ -41,20 +41,25 @@ export SLURM_CONF=$CONF
 
 say() { echo "[local-slurm] $*" >&2; }
 die() { say "ERROR: $*"; exit 1; }
+unsupported() { say "cannot run here: $*"; exit 4; }   # exit 4: tests skip instead of failing
 
 # ---------------------------------------------------------------- process bookkeeping
 # alive NAME: the pid in $PIDS/NAME.pid exists, is not a zombie, and its comm is NAME.
+# (Exited daemons can linger as zombies here, so kill -0 is not enough.)
 alive() {
-  local name=$1 pid stat comm
-  [ -s "$PIDS/$name.pid" ] || return 1
+  local name=$1 pid comm
   pid=$(cat "$PIDS/$name.pid" 2>/dev/null) || return 1
-  [[ $pid =~ ^[0-9]+$ ]] || return 1
   comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
-  [ "$comm" = "${name:0:15}" ] || return 1
-  stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+  [ "$comm" = "${name:0:15}" ] && live_pid "$pid"
+}
+
+# live_pid PID: the process exists and is not a zombie.
+live_pid() {
+  local stat
+  [[ $1 =~ ^[0-9]+$ ]] || return 1
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
   stat=${stat##*) }                       # field 3 (state) follows "(comm) "
   case ${stat%% *} in Z|X|x) return 1 ;; esac
-  return 0
 }
 
 pid_of() { cat "$PIDS/$1.pid"; }
@@ -67,12 +72,43 @@ launch() {
   echo $! >"$PIDS/$name.pid"
 }
 
+# The Slurm daemons (and srun) bind to the address gethostname() resolves to
+# (CommunicationParameters=NoInAddrAny/NoCtldInAddrAny); clients reach them at 127.0.0.1.
+# If the hostname does not resolve to loopback here (e.g. Docker's /etc/hosts), run them
+# in a private mount namespace whose /etc/hosts maps the hostname to 127.0.0.1.
+NETWRAP=()
+setup_netwrap() {
+  local h addr
+  h=$(hostname)
+  addr=$(getent ahostsv4 "$h" | awk 'NR == 1 {print $1}')
+  [[ $addr == 127.* ]] && return 0
+  say "hostname $h resolves to '${addr:-nothing}', not loopback: daemons get a private /etc/hosts"
+  { echo "127.0.0.1 $h $(hostname -s)"; grep -vw -e "$h" -e "$(hostname -s)" /etc/hosts || true; } \
+    | write_if_changed "$ETC/hosts" 644
+  NETWRAP=(unshare --mount --propagation private sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$ETC/hosts")
+  "${NETWRAP[@]}" true 2>/dev/null \
+    || die "hostname $h does not resolve to 127.0.0.1 and 'unshare --mount' is not allowed here;" \
+           "add '127.0.0.1 $h' to /etc/hosts"
+}
+
 # wait_for SECONDS WHAT CMD...: poll CMD every 0.2 s until it succeeds.
 wait_for() {
   local limit=$1 what=$2; shift 2
   local deadline=$((SECONDS + limit))
   until "$@" >/dev/null 2>&1; do
     if [ $SECONDS -ge $deadline ]; then say "timed out after ${limit}s waiting for $what"; return 1; fi
+    sleep 0.2
+  done
+}
+
+# wait_up NAME SECONDS CMD...: like wait_for, but give up at once if daemon NAME died.
+wait_up() {
+  local name=$1 limit=$2; shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    # just launched: the pid may still be setsid/setpriv/unshare until it execs the daemon
+    live_pid "$(pid_of "$name")" || { say "$name exited"; return 1; }
+    if [ $SECONDS -ge $deadline ]; then say "timed out after ${limit}s waiting for $name"; return 1; fi
     sleep 0.2
   done
 }
@@ -117,8 +153,8 @@ installed() {
 
 do_install() {
   if installed; then say "packages already installed"; return 0; fi
-  [ "$(id -u)" = 0 ] || die "installing needs root (apt-get install ${PACKAGES[*]})"
-  command -v apt-get >/dev/null || die "no apt-get: install ${PACKAGES[*]} yourself"
+  [ "$(id -u)" = 0 ] || unsupported "installing needs root (apt-get install ${PACKAGES[*]})"
+  command -v apt-get >/dev/null || unsupported "no apt-get: install ${PACKAGES[*]} yourself"
   local policy=/usr/sbin/policy-rc.d t0=$SECONDS
   if [ ! -e "$policy" ]; then      # keep apt from starting the packages' own services
     printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod 755 "$policy"
@@ -148,7 +184,7 @@ write_if_changed() {   # write_if_changed FILE MODE  (content on stdin)
 make_dirs() {
   mkdir -p "$BASE" "$ETC" "$PIDS" "$RUN" "$LOG" "$BASE/state" "$BASE/spool"
   chmod 755 "$BASE"
-  install -d -m 700 -o munge -g munge "$MUNGE_DIR"
+  install -d -m 711 -o munge -g munge "$MUNGE_DIR"   # clients need +x to reach the socket
   install -d -m 750 -o mysql -g mysql "$DB_DIR"
   if [ ! -s "$MUNGE_DIR/munge.key" ]; then
     dd if=/dev/urandom of="$MUNGE_DIR/munge.key" bs=1024 count=1 status=none
@@ -175,7 +211,7 @@ ClusterName=$CLUSTER
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
-CommunicationParameters=NoInAddrAny
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -215,6 +251,7 @@ EOF
 AuthType=auth/munge
 AuthInfo=socket=$MUNGE_SOCK
 DbdAddr=127.0.0.1
+CommunicationParameters=NoInAddrAny
 DbdHost=localhost
 DbdPort=$DBD_PORT
 SlurmUser=root
@@ -238,7 +275,7 @@ start_munged() {
   launch munged setpriv --reuid=munge --regid=munge --init-groups \
     munged --foreground --key-file="$MUNGE_DIR/munge.key" --socket="$MUNGE_SOCK" \
     --pid-file="$MUNGE_DIR/munged.pid" --log-file="$LOG/munged.log" --seed-file="$MUNGE_DIR/munged.seed"
-  wait_for 20 munged bash -c "munge -S '$MUNGE_SOCK' -n | unmunge -S '$MUNGE_SOCK'" \
+  wait_up munged 20 bash -c "munge -S '$MUNGE_SOCK' -n | unmunge -S '$MUNGE_SOCK'" \
     || fail_with_log munged "munged did not come up"
 }
 
@@ -256,7 +293,7 @@ start_mariadbd() {
     --pid-file="$DB_DIR/mariadbd.pid" --bind-address=127.0.0.1 --port="$DB_PORT" \
     --skip-name-resolve --log-error="$LOG/mariadbd.log" --innodb-buffer-pool-size=64M \
     --innodb-lock-wait-timeout=900
-  wait_for 60 mariadbd db -e 'SELECT 1' || fail_with_log mariadbd "mariadbd did not come up"
+  wait_up mariadbd 60 db -e 'SELECT 1' || fail_with_log mariadbd "mariadbd did not come up"
   local pw; pw=$(cat "$ETC/db.pass")
   db <<EOF || fail_with_log mariadbd "cannot create the slurm db user"
 CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$pw';
@@ -267,16 +304,17 @@ EOF
 
 start_slurmdbd() {
   alive slurmdbd && return 0
-  launch slurmdbd slurmdbd -D
-  wait_for 60 slurmdbd sacctmgr -n -P list cluster || fail_with_log slurmdbd "slurmdbd did not come up"
+  launch slurmdbd "${NETWRAP[@]}" slurmdbd -D
+  wait_up slurmdbd 60 sacctmgr -n -P list cluster || fail_with_log slurmdbd "slurmdbd did not come up"
 }
 
 register_cluster() {
   if ! sacctmgr -n -P list cluster format=cluster | grep -qx "$CLUSTER"; then
-    sacctmgr -i add cluster "$CLUSTER" >&2 || die "sacctmgr add cluster failed"
+    sacctmgr -i add cluster "$CLUSTER" >>"$LOG/sacctmgr.log" 2>&1 || die "sacctmgr add cluster failed"
   fi
   if ! sacctmgr -n -P list account format=account | grep -qx "$CLUSTER"; then
-    sacctmgr -i add account "$CLUSTER" Cluster="$CLUSTER" Description=dapo Organization=dapo >&2 \
+    sacctmgr -i add account "$CLUSTER" Cluster="$CLUSTER" Description=dapo Organization=dapo \
+      >>"$LOG/sacctmgr.log" 2>&1 \
       || die "sacctmgr add account failed"
   fi
 }
@@ -286,13 +324,12 @@ node_idle() { case $(node_state) in idle|mixed|allocated|completing) return 0 ;;
 
 start_slurmctld() {
   alive slurmctld && return 0
-  launch slurmctld slurmctld -D
-  wait_for 30 slurmctld scontrol ping || fail_with_log slurmctld "slurmctld did not come up"
+  launch slurmctld "${NETWRAP[@]}" slurmctld -D
 }
 
 start_slurmd() {
   alive slurmd && return 0
-  launch slurmd slurmd -D
+  launch slurmd "${NETWRAP[@]}" slurmd -D
 }
 
 export_line() { echo "export SLURM_CONF=$CONF"; }
@@ -305,17 +342,19 @@ cmd_start() {
     say "already running (base $BASE); node $(node_state)"
     export_line; return 0
   fi
-  [ "$(id -u)" = 0 ] || die "start needs root"
+  [ "$(id -u)" = 0 ] || unsupported "start needs root"
   do_install
   make_dirs
   write_configs
+  setup_netwrap
   start_munged
   start_mariadbd
   start_slurmdbd
   register_cluster
   start_slurmctld
-  start_slurmd
-  wait_for 60 "node $(hostname -s) to be idle" node_idle || fail_with_log slurmd "node is '$(node_state)'"
+  start_slurmd      # slurmd retries its registration until slurmctld answers
+  wait_up slurmctld 30 scontrol ping || fail_with_log slurmctld "slurmctld did not come up"
+  wait_up slurmd 60 node_idle || fail_with_log slurmd "node is '$(node_state)'"
   wait_for 30 sacct sacct -n -X -o JobID || fail_with_log slurmdbd "sacct does not answer"
   say "up in $((SECONDS - t0))s: partition '$PARTITION', node $(hostname -s), base $BASE"
   export_line
@@ -360,10 +399,16 @@ cmd_logs() {
   for f in "$LOG"/*; do [ -s "$f" ] && { echo "=== $f"; tail -n "${LINES_PER_LOG:-20}" "$f"; }; done
 }
 
+lock() {   # one start/stop at a time (e.g. several pytest-xdist workers)
+  mkdir -p "$(dirname "$BASE")"
+  exec 9>"$BASE.lock"
+  flock -w 300 9 || die "another start/stop holds $BASE.lock"
+}
+
 case ${1:-} in
-  install) do_install ;;
-  start) cmd_start ;;
-  stop) cmd_stop ;;
+  install) lock; do_install ;;
+  start) lock; cmd_start ;;
+  stop) lock; cmd_stop ;;
   status) cmd_status ;;
   env) export_line ;;
   logs) cmd_logs ;;

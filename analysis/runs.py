@@ -1,0 +1,429 @@
+"""Logged runs → one tidy table, and results snapshots.
+
+The tidy table has one row per logged point::
+
+    run  run_id  sweep  arm  seed  rollout_step  grad_step  time  metric  value
+
+- ``run``: the MLflow run id (uuid); ``run_id``: the stable dapo hash (tag ``dapo.run_id``).
+- ``grad_step`` is MLflow's ``step``; ``rollout_step`` is joined from the
+  ``progress/rollout_step`` metric logged at the same (run, step). ``progress/*`` metrics
+  are bookkeeping and are not rows of the table.
+- ``time``: seconds since the run started (MLflow timestamp − run start time).
+- ``value`` is stored as logged (accuracies in [0, 1]); figures and tables show them in %.
+
+``configs`` maps each MLflow run id to its resolved config (a nested dict, from the
+``config.yaml`` artifact, else rebuilt from the dotted params).
+
+A snapshot (``results/<sweep>/snapshot/``) freezes both, plus the sweep description, so
+figures and tables can be regenerated without the tracking server:
+``runs.parquet``, ``configs.json``, ``sweep.json``, ``meta.json``.
+
+This module imports neither torch nor vllm; mlflow is imported only inside
+:func:`load_runs`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "ArmInfo", "SweepInfo", "TIDY_COLUMNS", "load_runs", "snapshot", "load_snapshot",
+    "infer_sweep_info", "primary_metric", "eval_metrics", "flatten", "arm_configs",
+    "arm_order", "normalize_tidy", "read_meta",
+]
+
+log = logging.getLogger(__name__)
+
+TIDY_COLUMNS = ["run", "run_id", "sweep", "arm", "seed", "rollout_step", "grad_step",
+                "time", "metric", "value"]
+_STR_COLS = ["run", "run_id", "sweep", "arm", "metric"]
+_EVAL_RE = re.compile(r"^eval/(?P<dataset>[^/]+)/(?P<kind>avg|pass|cons)_at_(?P<k>\d+)$")
+SWEEP_KINDS = ("ladder", "one_at_a_time", "leave_one_out", "grid")
+
+
+# --------------------------------------------------------------------------- sweep description
+@dataclass(frozen=True)
+class ArmInfo:
+    """One arm of a sweep."""
+    name: str                                  # the ``dapo.arm`` tag
+    label: str = ""                            # legend / table label (default: name)
+    overrides: dict[str, Any] = field(default_factory=dict)  # dotted key → value, vs the sweep base
+    paper: float | None = None                 # the paper's value for Table 1, in % (None: no row value)
+
+    def __post_init__(self):
+        if not self.label:
+            object.__setattr__(self, "label", self.name)
+
+
+@dataclass(frozen=True)
+class SweepInfo:
+    """What the analysis needs to know about a sweep."""
+    name: str                                  # sweep name = MLflow experiment name
+    kind: str = "grid"                         # ladder | one_at_a_time | leave_one_out | grid
+    arms: tuple[ArmInfo, ...] = ()             # in sweep order (ladder: row order)
+    metric: str | None = None                  # primary eval metric (None: discovered, see primary_metric)
+    final_k: int = 3                           # "final" = mean of the last final_k evaluations
+    title_tag: str | None = None               # figure titles "Fig. 2 (<tag>): ..."; None: "mini" unless AIME
+
+    def __post_init__(self):
+        if self.kind not in SWEEP_KINDS:
+            raise ValueError(f"SweepInfo.kind = {self.kind!r}: expected one of {', '.join(SWEEP_KINDS)}")
+        object.__setattr__(self, "arms", tuple(
+            a if isinstance(a, ArmInfo) else ArmInfo(**a) for a in self.arms))
+
+    def arm(self, name: str) -> ArmInfo:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise KeyError(f"arm {name!r} not in sweep {self.name!r} (arms: {[a.name for a in self.arms]})")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["arms"] = [asdict(a) for a in self.arms]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SweepInfo":
+        d = dict(d)
+        d["arms"] = tuple(ArmInfo(**a) for a in d.get("arms", ()))
+        return cls(**d)
+
+
+# --------------------------------------------------------------------------- helpers
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested dict → ``{"algo.clip.eps_high": 0.28, ...}`` (lists kept as values)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def _unflatten(flat: dict[str, Any]) -> dict:
+    out: dict = {}
+    for key, v in flat.items():
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):  # a scalar and a subtree under one key: keep the scalar
+                break
+            node = nxt
+        else:
+            node[parts[-1]] = v
+    return out
+
+
+def _parse_param(s: str) -> Any:
+    """MLflow params are strings; recover the YAML value ('0.28' → 0.28, 'True' → True)."""
+    if s in ("None", "null"):
+        return None
+    try:
+        import yaml
+        return yaml.safe_load(s)
+    except Exception:
+        return s
+
+
+def eval_metrics(metrics: Iterable[str]) -> list[tuple[str, str, str, int]]:
+    """``[(name, dataset, kind, k)]`` for every ``eval/<dataset>/<kind>_at_<k>`` name."""
+    out = []
+    for m in sorted(set(metrics)):
+        g = _EVAL_RE.match(m)
+        if g:
+            out.append((m, g["dataset"], g["kind"], int(g["k"])))
+    return out
+
+
+def primary_metric(tidy_or_metrics: pd.DataFrame | Iterable[str]) -> str | None:
+    """The headline metric: ``avg_at_<largest k>`` on aime24 if logged, else the first dataset."""
+    metrics = (tidy_or_metrics["metric"].unique() if isinstance(tidy_or_metrics, pd.DataFrame)
+               else tidy_or_metrics)
+    avg = [e for e in eval_metrics(metrics) if e[2] == "avg"]
+    if not avg:
+        return None
+    datasets = sorted({e[1] for e in avg}, key=lambda d: (d != "aime24", d))
+    best = max((e for e in avg if e[1] == datasets[0]), key=lambda e: e[3])
+    return best[0]
+
+
+def normalize_tidy(df: pd.DataFrame) -> pd.DataFrame:
+    """Column order and dtypes of the tidy table (the same after load_runs and load_snapshot)."""
+    df = df.reindex(columns=TIDY_COLUMNS)
+    for c in _STR_COLS:
+        df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
+    df["seed"] = df["seed"].astype("int64")
+    df["grad_step"] = df["grad_step"].astype("int64")
+    df["rollout_step"] = df["rollout_step"].astype("Int64")  # nullable: unknown if never logged
+    df["time"] = df["time"].astype("float64")
+    df["value"] = df["value"].astype("float64")
+    return df.reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- loading from MLflow
+def _bulk_sql_metrics(tracking_uri: str, run_ids: list[str]) -> pd.DataFrame | None:
+    """One SQL query for all metric histories (SQL stores only); None if not possible."""
+    if not tracking_uri.startswith(("sqlite:", "postgresql", "mysql", "mssql")):
+        return None
+    try:
+        import sqlalchemy as sa
+        eng = sa.create_engine(tracking_uri)
+        frames = []
+        with eng.connect() as conn:
+            for i in range(0, len(run_ids), 500):
+                chunk = run_ids[i:i + 500]
+                q = sa.text("SELECT run_uuid, key, value, timestamp, step, is_nan FROM metrics "
+                            "WHERE run_uuid IN :ids").bindparams(sa.bindparam("ids", expanding=True))
+                frames.append(pd.DataFrame(conn.execute(q, {"ids": chunk}).fetchall(),
+                                           columns=["run", "metric", "value", "timestamp", "step", "is_nan"]))
+        eng.dispose()
+        df = pd.concat(frames, ignore_index=True)
+        df["value"] = df["value"].astype("float64").where(~df["is_nan"].astype(bool), np.nan)
+        return df.drop(columns="is_nan")
+    except Exception as exc:  # schema changed, driver missing, ...: use the client
+        log.info("bulk SQL read failed (%s); falling back to get_metric_history", exc)
+        return None
+
+
+def _client_metrics(client, runs) -> pd.DataFrame:
+    """Per-(run, key) get_metric_history, threaded (works with every store)."""
+    jobs = [(r.info.run_id, k) for r in runs for k in r.data.metrics]
+
+    def fetch(job):
+        rid, key = job
+        return [(rid, key, m.value, m.timestamp, m.step) for m in client.get_metric_history(rid, key)]
+
+    with ThreadPoolExecutor(max_workers=8) as ex:
+        rows = [row for part in ex.map(fetch, jobs) for row in part]
+    return pd.DataFrame(rows, columns=["run", "metric", "value", "timestamp", "step"])
+
+
+def _run_config(client, run) -> dict:
+    """The resolved config: the ``config.yaml`` artifact, else the params unflattened."""
+    try:
+        names = {a.path for a in client.list_artifacts(run.info.run_id)}
+        if "config.yaml" in names:
+            import yaml
+            with tempfile.TemporaryDirectory() as tmp:
+                path = client.download_artifacts(run.info.run_id, "config.yaml", tmp)
+                cfg = yaml.safe_load(Path(path).read_text())
+            if isinstance(cfg, dict):
+                return cfg
+    except Exception as exc:
+        log.info("run %s: no readable config.yaml (%s); using params", run.info.run_id, exc)
+    return _unflatten({k: _parse_param(v) for k, v in run.data.params.items()})
+
+
+def load_runs(tracking_uri: str, sweep_name: str, *, finished_only: bool = False,
+              configs_from_artifacts: bool = True) -> tuple[pd.DataFrame, dict[str, dict]]:
+    """All runs of the MLflow experiment ``sweep_name`` → (tidy table, {run uuid: config}).
+
+    Runs of one job that were restarted under a new MLflow run (same ``dapo.run_id``)
+    are deduplicated: the finished one, else the latest, is kept. A point logged twice at
+    the same (run, metric, step) keeps its last value.
+    """
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(sweep_name)
+    if exp is None:
+        names = [e.name for e in client.search_experiments()]
+        raise ValueError(f"no MLflow experiment {sweep_name!r} at {tracking_uri} (experiments: {names})")
+    runs, token = [], None
+    while True:
+        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=token,
+                                  order_by=["attributes.start_time ASC"])
+        runs.extend(page)
+        token = page.token
+        if not token:
+            break
+
+    by_job: dict[str, Any] = {}
+    for r in runs:
+        tags = r.data.tags
+        status = tags.get("dapo.status", "").lower()
+        if finished_only and status != "finished":
+            continue
+        job = tags.get("dapo.run_id") or r.info.run_id
+        prev = by_job.get(job)
+        rank = (status == "finished", r.info.start_time or 0)
+        if prev is None or rank >= prev[0]:
+            if prev is not None:
+                log.warning("job %s has several MLflow runs; keeping %s", job, r.info.run_id)
+            by_job[job] = (rank, r)
+    runs = sorted((v[1] for v in by_job.values()), key=lambda r: r.info.start_time or 0)
+    unfinished = [r.data.tags.get("dapo.arm", "?") + "/" + r.data.tags.get("dapo.seed", "?")
+                  for r in runs if r.data.tags.get("dapo.status", "").lower() != "finished"]
+    if unfinished:
+        log.warning("sweep %s: %d run(s) not finished: %s", sweep_name, len(unfinished), ", ".join(unfinished))
+
+    empty = normalize_tidy(pd.DataFrame(columns=TIDY_COLUMNS))
+    if not runs:
+        return empty, {}
+    ids = [r.info.run_id for r in runs]
+    pts = _bulk_sql_metrics(tracking_uri, ids)
+    if pts is None:
+        pts = _client_metrics(client, runs)
+
+    meta = pd.DataFrame({
+        "run": ids,
+        "run_id": [r.data.tags.get("dapo.run_id", r.info.run_id) for r in runs],
+        "sweep": [r.data.tags.get("dapo.sweep", sweep_name) for r in runs],
+        "arm": [r.data.tags.get("dapo.arm", r.info.run_name or "") for r in runs],
+        "seed": [int(float(r.data.tags.get("dapo.seed", r.data.params.get("train.seed", 0)))) for r in runs],
+        "start": [float(r.info.start_time or 0) for r in runs],
+        "order": range(len(runs)),
+    })
+    tidy = _assemble(pts, meta)
+    configs = {r.info.run_id: _run_config(client, r) if configs_from_artifacts
+               else _unflatten({k: _parse_param(v) for k, v in r.data.params.items()}) for r in runs}
+    return tidy, configs
+
+
+def _assemble(pts: pd.DataFrame, meta: pd.DataFrame) -> pd.DataFrame:
+    """Raw points (run, metric, value, timestamp[ms], step) + run metadata → tidy table."""
+    pts = pts[pts["run"].isin(meta["run"])]
+    # A point re-logged at the same step (resume) keeps its last value.
+    pts = pts.sort_values(["run", "metric", "step", "timestamp"], kind="stable")
+    pts = pts.drop_duplicates(["run", "metric", "step"], keep="last")
+    prog = pts[pts["metric"] == "progress/rollout_step"][["run", "step", "value"]]
+    prog = prog.rename(columns={"value": "rollout_step"})
+    pts = pts[~pts["metric"].str.startswith("progress/")]
+    df = pts.merge(prog, on=["run", "step"], how="left")
+    # Points without their own progress record take the last rollout step at or before them.
+    missing = df["rollout_step"].isna()
+    if missing.any() and len(prog):
+        left = df.loc[missing, ["run", "step"]].reset_index().sort_values("step")
+        filled = pd.merge_asof(left, prog.sort_values("step"), on="step", by="run", direction="backward")
+        df.loc[filled["index"].to_numpy(), "rollout_step"] = filled["rollout_step"].to_numpy()
+        still = df["rollout_step"].isna() & (df["step"] == 0)
+        df.loc[still, "rollout_step"] = 0.0  # evaluation before training
+    df = df.merge(meta, on="run", how="left")
+    df["time"] = (df["timestamp"].astype("float64") - df["start"]) / 1000.0
+    df = df.rename(columns={"step": "grad_step"})
+    df["rollout_step"] = df["rollout_step"].round().astype("Int64")
+    df = df.sort_values(["order", "metric", "grad_step"], kind="stable")
+    return normalize_tidy(df)
+
+
+# --------------------------------------------------------------------------- arms from configs
+_NOISE_KEY = re.compile(r"^(name|output_dir)$|^(logging|launch|checkpoint)\.|(^|\.)seed$|^train\.threads$")
+
+
+def _hashable(v: Any) -> Any:
+    return json.dumps(v, sort_keys=True, default=str) if isinstance(v, (list, dict)) else v
+
+
+def arm_configs(tidy: pd.DataFrame, configs: dict[str, dict]) -> dict[str, dict[str, Any]]:
+    """Per arm: the flattened resolved config keys shared by all its runs (noise keys removed).
+
+    Keys whose value differs between runs of one arm (seeds, output paths) and bookkeeping
+    keys (``logging.*``, ``launch.*``, ``checkpoint.*``, ``*.seed``) are dropped.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    pairs = tidy[["arm", "run"]].drop_duplicates()
+    for arm, runs in pairs.groupby("arm", sort=False)["run"]:
+        flats = [flatten(configs[r]) for r in runs if r in configs]
+        if not flats:
+            continue
+        common = {}
+        for k, v in flats[0].items():
+            if _NOISE_KEY.search(k):
+                continue
+            if all(k in f and _hashable(f[k]) == _hashable(v) for f in flats[1:]):
+                common[k] = v
+        out[arm] = common
+    return out
+
+
+def arm_order(tidy: pd.DataFrame) -> list[str]:
+    """Arms in first-logged order (load_runs orders runs by start time)."""
+    return list(dict.fromkeys(tidy["arm"].tolist()))
+
+
+def infer_sweep_info(tidy: pd.DataFrame, configs: dict[str, dict], sweep_name: str | None = None,
+                     *, kind: str | None = None) -> SweepInfo:
+    """A SweepInfo from the runs alone (no sweep file): arms from the ``dapo.arm`` tags.
+
+    Arms are ordered by how many DAPO techniques they enable (GRPO first), ties by start;
+    overrides are the config keys that differ between arms; a chain of strictly growing
+    technique sets is called a ladder, anything else a grid. No paper values.
+    """
+    from .figures import TOGGLES, toggle_state  # local: figures imports this module
+
+    name = sweep_name or (tidy["sweep"].iloc[0] if len(tidy) else "sweep")
+    order = arm_order(tidy)
+    acfg = arm_configs(tidy, configs)
+    on = {a: frozenset(t for t in TOGGLES if toggle_state(acfg.get(a, {}), t)) for a in order}
+    order = sorted(order, key=lambda a: (len(on[a]), order.index(a)))
+    keys = sorted({k for c in acfg.values() for k in c})
+    varying = [k for k in keys if len({_hashable(acfg.get(a, {}).get(k, None)) for a in order}) > 1]
+    arms = tuple(ArmInfo(name=a, label=a, overrides={k: acfg.get(a, {}).get(k) for k in varying})
+                 for a in order)
+    if kind is None:
+        chain = len(order) > 1 and all(on[x] < on[y] for x, y in zip(order, order[1:]))
+        kind = "ladder" if chain else "grid"
+    return SweepInfo(name=name, kind=kind, arms=arms, metric=primary_metric(tidy))
+
+
+# --------------------------------------------------------------------------- snapshots
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    return str(o)
+
+
+def snapshot(tidy: pd.DataFrame, configs: dict[str, dict], sweep_info: SweepInfo | None,
+             out_dir: str | Path, command: str = "", commit: str = "",
+             tracking_uri: str | None = None) -> Path:
+    """Freeze runs into ``out_dir`` (usually ``results/<sweep>/snapshot``); returns the dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    normalize_tidy(tidy).to_parquet(out / "runs.parquet", index=False)
+    (out / "configs.json").write_text(json.dumps(configs, indent=1, sort_keys=True, default=_json_default))
+    sweep = sweep_info.to_dict() if sweep_info is not None else None
+    (out / "sweep.json").write_text(json.dumps(sweep, indent=1, default=_json_default))
+    meta = {
+        "command": command,
+        "commit": commit,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "mlflow_uri": tracking_uri,
+        "n_runs": int(tidy["run"].nunique()),
+        "n_points": int(len(tidy)),
+        "arms": arm_order(tidy),
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=1, default=_json_default))
+    return out
+
+
+def load_snapshot(snapshot_dir: str | Path) -> tuple[pd.DataFrame, dict[str, dict], SweepInfo | None]:
+    """``(tidy, configs, sweep_info)`` exactly as they were given to :func:`snapshot`."""
+    d = Path(snapshot_dir)
+    tidy = normalize_tidy(pd.read_parquet(d / "runs.parquet"))
+    configs = json.loads((d / "configs.json").read_text())
+    sweep = json.loads((d / "sweep.json").read_text())
+    return tidy, configs, (SweepInfo.from_dict(sweep) if sweep else None)
+
+
+def read_meta(snapshot_dir: str | Path) -> dict:
+    """The snapshot's ``meta.json`` (command, commit, created, mlflow_uri, ...)."""
+    p = Path(snapshot_dir) / "meta.json"
+    return json.loads(p.read_text()) if p.exists() else {}

@@ -1,0 +1,150 @@
+"""Rollout engine on plain transformers ``generate``: for machines without vLLM, and the
+reference ("oracle") the vLLM engine is tested against.
+
+Contract: see :mod:`dapo.engines.base`. Prompts are left-padded into batches; sampling
+uses temperature and top_p only (``top_k`` is forced off: transformers' default of 50
+would make it a different distribution from vLLM's); ``temperature == 0`` is greedy.
+With ``seed`` set, a call is reproducible (the global torch RNG is left untouched), but
+samples are not the same as vLLM's for the same seed: only greedy outputs match.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from dapo.engines.base import Completion, SamplingSpec, check_full_state_dict, split_at_eos
+
+__all__ = ["HFEngine"]
+
+
+class HFEngine:
+    """``RolloutEngine`` on ``model.generate``.
+
+    Args:
+        model_path: model directory (for the tokenizer, and the model unless shared).
+        dtype: "float32" | "bfloat16" (ignored when ``trainer_model`` is given).
+        seed: added to ``spec.seed`` (kept for symmetry with the vLLM engine).
+        trainer_model: the trainer's live model. If given, generation uses it directly
+            and ``update_weights`` is a no-op; otherwise the engine loads its own copy.
+        max_batch_size: sequences (prompts x n) per ``generate`` call; None = all at once.
+        tokenizer: a tokenizer to use instead of loading the one in ``model_path``.
+    """
+
+    def __init__(
+        self,
+        model_path: Any,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        trainer_model: Any = None,
+        max_batch_size: int | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        from dapo.models import load_model, load_tokenizer
+
+        self.seed = seed
+        self.shared = trainer_model is not None
+        self.model = trainer_model if self.shared else load_model(model_path, dtype=dtype).eval()
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
+        gen_eos = self.model.generation_config.eos_token_id
+        eos = [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
+        if self.tokenizer.eos_token_id is not None:
+            eos.append(self.tokenizer.eos_token_id)
+        if not eos:
+            raise ValueError(f"HFEngine: no EOS token id in {model_path}")
+        self.eos_ids: list[int] = sorted(set(eos))
+        pad = self.tokenizer.pad_token_id
+        self.pad_id: int = self.eos_ids[0] if pad is None else pad
+        self.max_batch_size = max_batch_size
+
+    # ------------------------------------------------------------------ generate
+
+    @torch.no_grad()
+    def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
+        from transformers import GenerationConfig
+
+        if not prompt_token_ids:
+            return []
+        # Greedy samples are identical: decode each prompt once and copy.
+        reps = 1 if spec.greedy else spec.n
+        seqs = [p for p in prompt_token_ids for _ in range(reps)]  # [num_prompts * reps]
+        cfg = GenerationConfig(
+            do_sample=not spec.greedy,
+            temperature=spec.temperature if not spec.greedy else None,
+            top_p=spec.top_p if not spec.greedy else None,
+            top_k=0 if not spec.greedy else None,
+            max_new_tokens=spec.max_tokens,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            bos_token_id=None,
+        )
+        device = next(self.model.parameters()).device
+        bs = self.max_batch_size or len(seqs)
+        was_training = self.model.training
+        self.model.eval()
+        rng = (
+            torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+            if spec.seed is not None
+            else nullcontext()
+        )
+        new_ids: list[list[int]] = []
+        try:
+            with rng:
+                if spec.seed is not None:
+                    torch.manual_seed(self.seed + spec.seed)
+                for start in range(0, len(seqs), bs):
+                    new_ids += self._generate_batch(seqs[start : start + bs], cfg, device)
+        finally:
+            self.model.train(was_training)
+
+        eos = set(self.eos_ids)
+        out: list[list[Completion]] = []
+        for i in range(len(prompt_token_ids)):
+            group = []
+            for j in range(spec.n):
+                ids, finished = split_at_eos(new_ids[i * reps + (j if reps > 1 else 0)], eos, spec.max_tokens)
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                group.append(Completion(token_ids=ids, text=text, finished=finished))
+            out.append(group)
+        return out
+
+    def _generate_batch(self, seqs: list[list[int]], cfg, device) -> list[list[int]]:
+        width = max(len(s) for s in seqs)
+        input_ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, s in enumerate(seqs):  # left padding
+            input_ids[r, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            attn[r, width - len(s) :] = 1
+        out = self.model.generate(
+            input_ids=input_ids.to(device), attention_mask=attn.to(device), generation_config=cfg
+        )
+        return out[:, width:].tolist()  # padded after EOS; split_at_eos cuts it
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the trainer's full state_dict into this engine's copy (no-op when shared)."""
+        if self.shared:
+            return
+        sd = {_strip_wrappers(k): v for k, v in named_tensors}
+        check_full_state_dict(sd.keys(), self.model.state_dict().keys(), who="HFEngine")
+        self.model.load_state_dict(sd, strict=True)
+
+    def close(self) -> None:
+        if not self.shared:
+            del self.model
+        self.model = None
+        gc.collect()
+
+
+def _strip_wrappers(name: str) -> str:
+    """Drop DDP / torch.compile prefixes ("module.", "_orig_mod.")."""
+    for p in ("module.", "_orig_mod."):
+        while name.startswith(p):
+            name = name[len(p) :]
+    return name
