@@ -47,7 +47,6 @@ import hashlib
 import inspect
 import json
 import random
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -982,7 +981,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if not args.name:
         for name in dataset_names():
             e = DATASETS[name]
-            print(f"{name:16s} template={e.template:5s} scorer={e.scorer:11s} {e.description}")
+            scorer = _TEMPLATE_SCORER.get(e.template, e.scorer)
+            print(f"{name:16s} template={e.template:5s} scorer={scorer:11s} {e.description}")
         return 0
     examples, report = load_dataset(args.name, template=args.template, limit=args.limit)
     print(report.summary())

@@ -367,11 +367,12 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
 
     from dapo.data import PromptSampler, load_dataset, render_prompt
     from dapo.engines import make_engine
-    from dapo.models import load_model, load_tokenizer, resolve_model
+    from dapo.models import load_model, load_tokenizer
     from dapo.tracking import Tracker, default_tracking_uri, environment_tags, git_commit
 
     # ---- setup: seeds, threads, processes -------------------------------------------------
     t_start = time.time()
+    kill_at = (fault or {}).get("kill_at_rollout_step") or int(os.environ.get("DAPO_FAULT_KILL_AT_STEP", "0") or 0)
     run_dir = Path(run_dir) if run_dir is not None else run_dir_for(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     threads = cfg.train.threads or os.cpu_count() or 1
@@ -386,7 +387,7 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
     (run_dir / "config.yaml").write_text(_yaml(to_dict(cfg)))
 
     # ---- model, tokenizer, optimizer ----------------------------------------------------------
-    model_path = resolve_model(cfg.model.path)
+    model_path = resolve_policy_path(cfg.model.path)
     tokenizer = load_tokenizer(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     model = load_model(model_path, dtype=cfg.model.train_dtype).to(device)
@@ -510,7 +511,7 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
                               ref_model=ref_model, shuffle_seed=_round_seed(cfg.train.seed, r, 0, salt=7))
         state["grad_step"] += len(steps)
         t_train = time.time() - t2
-        if fault and fault.get("kill_at_rollout_step") == r:
+        if kill_at == r:  # fault injection (tests): die after the update, before the checkpoint
             os.kill(os.getpid(), 9)
         # 7. weight sync into the rollout engine --------------------------------------------------------
         t3 = time.time()
@@ -575,6 +576,18 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
 
 
 # =========================================================================== helpers
+def resolve_policy_path(name: str) -> Path | str:
+    """``mini-base`` / ``mini-base:STEPS`` → the tiny supervised base model (built once,
+    cached by recipe hash); anything else → :func:`dapo.models.resolve_model`."""
+    if name == "mini-base" or name.startswith("mini-base:"):
+        from dapo.base_model import build_base_model
+        kw = {"steps": int(name.split(":", 1)[1])} if ":" in name else {}
+        rec = build_base_model(**kw)
+        return Path(rec["model_path"])
+    from dapo.models import resolve_model
+    return resolve_model(name, allow_hub=True)
+
+
 def _cpu_has_bf16() -> bool:
     try:
         return "avx512_bf16" in Path("/proc/cpuinfo").read_text() or "amx_bf16" in Path("/proc/cpuinfo").read_text()

@@ -68,7 +68,7 @@ pid_of() { cat "$PIDS/$1.pid"; }
 # CMD must exec the daemon itself in the foreground so that $! is the daemon's pid.
 launch() {
   local name=$1; shift
-  setsid "$@" </dev/null >>"$LOG/$name.out" 2>&1 &
+  setsid "$@" </dev/null >>"$LOG/$name.out" 2>&1 9>&- &   # 9: our lock, not theirs
   echo $! >"$PIDS/$name.pid"
 }
 

@@ -38,6 +38,7 @@ __all__ = [
     "per_prompt_seeds",
     "split_at_eos",
     "check_full_state_dict",
+    "strip_wrapper_prefixes",
 ]
 
 
@@ -167,3 +168,11 @@ def check_full_state_dict(names: Iterable[str], expected: Iterable[str], *, who:
         raise ValueError(
             f"{who}.update_weights: {len(missing)} weights missing: {shown}{hint}"
         )
+
+
+def strip_wrapper_prefixes(name: str) -> str:
+    """Drop DDP / torch.compile prefixes ("module.", "_orig_mod.") from a weight name."""
+    for p in ("module.", "_orig_mod."):
+        while name.startswith(p):
+            name = name[len(p) :]
+    return name

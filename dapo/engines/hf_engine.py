@@ -17,7 +17,13 @@ from typing import Any
 
 import torch
 
-from dapo.engines.base import Completion, SamplingSpec, check_full_state_dict, split_at_eos
+from dapo.engines.base import (
+    Completion,
+    SamplingSpec,
+    check_full_state_dict,
+    split_at_eos,
+    strip_wrapper_prefixes,
+)
 
 __all__ = ["HFEngine"]
 
@@ -131,7 +137,7 @@ class HFEngine:
         """Load the trainer's full state_dict into this engine's copy (no-op when shared)."""
         if self.shared:
             return
-        sd = {_strip_wrappers(k): v for k, v in named_tensors}
+        sd = {strip_wrapper_prefixes(k): v for k, v in named_tensors}
         check_full_state_dict(sd.keys(), self.model.state_dict().keys(), who="HFEngine")
         self.model.load_state_dict(sd, strict=True)
 
@@ -140,11 +146,3 @@ class HFEngine:
             del self.model
         self.model = None
         gc.collect()
-
-
-def _strip_wrappers(name: str) -> str:
-    """Drop DDP / torch.compile prefixes ("module.", "_orig_mod.")."""
-    for p in ("module.", "_orig_mod."):
-        while name.startswith(p):
-            name = name[len(p) :]
-    return name

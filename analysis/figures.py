@@ -1,0 +1,555 @@
+"""The paper's Figures 1–7, redrawn from logged runs.
+
+Each ``figN(tidy, sweep_info, x="grad_step", *, configs=None)`` returns a matplotlib
+Figure (Agg canvas, no pyplot state) or None when the sweep has no arms to draw it (e.g.
+Fig. 2 needs two arms that differ in Clip-Higher). :func:`render_all` draws every figure
+and says why any is missing; :func:`save_figure` writes PNG (150 dpi) and PDF.
+
+Which arms a figure compares is read from the resolved configs (flattened dotted keys),
+never from arm names: for a technique (see :data:`TOGGLES`), the pair (off, on) that
+differs in the fewest other techniques, then in the fewest other config keys, then by
+the sweep's shape (ladder: consecutive rows; leave-one-out: the full arm vs the arm
+without it; one-at-a-time: the baseline vs the arm with it alone).
+
+Curves are the mean over seeds with a 95% percentile-bootstrap band (stats.seed_band).
+Accuracies are logged in [0, 1] and drawn in %. Each arm keeps one colour in every figure
+(palette by the arm's position in the sweep).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .runs import ArmInfo, SweepInfo, arm_configs, arm_order, eval_metrics, flatten, primary_metric
+from .stats import seed_band
+
+__all__ = [
+    "TOGGLES", "Toggle", "Pair", "FigureResult", "toggle_state", "find_pair", "dapo_arm",
+    "arm_colors", "fig1", "fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "FIGURES",
+    "render_all", "save_figure", "STYLE",
+]
+
+# --------------------------------------------------------------------------- techniques
+@dataclass(frozen=True)
+class Toggle:
+    """One DAPO technique, read off a flattened resolved config."""
+    title: str                                       # "Clip-Higher"
+    keys: tuple[str, ...]                            # the config keys that define it
+    state: Callable[[dict[str, Any]], bool]          # flat config → on?
+
+
+def _truthy(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() in ("1", "true", "yes", "on")
+    return bool(v)
+
+
+TOGGLES: dict[str, Toggle] = {
+    "overlong_filter": Toggle("overlong filtering", ("algo.overlong.filter",),
+                              lambda c: _truthy(c["algo.overlong.filter"])),
+    "clip_higher": Toggle("Clip-Higher", ("algo.clip.eps_high", "algo.clip.eps_low"),
+                          lambda c: float(c["algo.clip.eps_high"]) > float(c.get("algo.clip.eps_low", 0.2))),
+    "soft_punish": Toggle("soft overlong punishment", ("algo.overlong.soft_punish",),
+                          lambda c: _truthy(c["algo.overlong.soft_punish"])),
+    "token_loss": Toggle("token-level loss", ("algo.loss_agg",),
+                         lambda c: str(c["algo.loss_agg"]) == "token_mean"),
+    "dynamic_sampling": Toggle("dynamic sampling", ("algo.dynamic_sampling.enabled",),
+                               lambda c: _truthy(c["algo.dynamic_sampling.enabled"])),
+}
+
+
+def toggle_state(flat_cfg: dict[str, Any], toggle: str) -> bool | None:
+    """Whether ``toggle`` is on in a flattened config; None if its key is not there."""
+    t = TOGGLES[toggle]
+    if t.keys[0] not in flat_cfg:
+        return None
+    try:
+        return bool(t.state(flat_cfg))
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two arms compared for one technique."""
+    toggle: str
+    off: ArmInfo
+    on: ArmInfo
+    other_toggles: tuple[str, ...] = ()   # techniques that also differ
+    other_keys: tuple[str, ...] = ()      # other config keys that also differ
+
+    @property
+    def exact(self) -> bool:
+        return not self.other_toggles and not self.other_keys
+
+    def describe(self) -> str:
+        s = f"“{self.off.label}” (without) vs “{self.on.label}” (with {TOGGLES[self.toggle].title})"
+        if self.exact:
+            return s + "; they differ only in this technique."
+        extra = [TOGGLES[t].title for t in self.other_toggles] + list(self.other_keys)
+        return s + "; they also differ in: " + ", ".join(extra) + "."
+
+
+def _flat_arm_configs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None) -> dict[str, dict]:
+    """Per arm: resolved config keys (from runs) filled in with the sweep's overrides."""
+    from_runs = arm_configs(tidy, configs) if configs else {}
+    out = {}
+    for a in _arms(tidy, sweep):
+        c = dict(flatten(a.overrides)) if a.overrides else {}
+        c.update(from_runs.get(a.name, {}))
+        out[a.name] = c
+    return out
+
+
+def _arms(tidy: pd.DataFrame, sweep: SweepInfo) -> list[ArmInfo]:
+    """The sweep's arms that have runs, in sweep order (then any arm only the runs know)."""
+    present = arm_order(tidy)
+    arms = [a for a in sweep.arms if a.name in present]
+    known = {a.name for a in arms}
+    arms += [ArmInfo(name=n) for n in present if n not in known and n not in {a.name for a in sweep.arms}]
+    return arms
+
+
+def _differ(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return not np.isclose(float(a), float(b), rtol=1e-9, atol=0)
+        except (TypeError, ValueError):
+            pass
+    return a != b
+
+
+def find_pair(toggle: str, tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
+              *, _acfg: dict | None = None) -> Pair | None:
+    """The (off, on) arms that isolate ``toggle`` best, or None if no arm pair differs in it."""
+    arms = _arms(tidy, sweep)
+    acfg = _acfg if _acfg is not None else _flat_arm_configs(tidy, sweep, configs)
+    state = {a.name: toggle_state(acfg[a.name], toggle) for a in arms}
+    pos = {a.name: i for i, a in enumerate(arms)}
+    n_on = {a.name: sum(bool(toggle_state(acfg[a.name], t)) for t in TOGGLES) for a in arms}
+    full = max(arms, key=lambda a: (n_on[a.name], pos[a.name])).name if arms else None
+    base = min(arms, key=lambda a: (n_on[a.name], pos[a.name])).name if arms else None
+    own = set(TOGGLES[toggle].keys)
+    best, best_key = None, None
+    for off in arms:
+        for on in arms:
+            if state[off.name] is not False or state[on.name] is not True:
+                continue
+            co, cn = acfg[off.name], acfg[on.name]
+            others = tuple(t for t in TOGGLES if t != toggle
+                           and toggle_state(co, t) != toggle_state(cn, t))
+            tkeys = {k for t in others for k in TOGGLES[t].keys}
+            keys = tuple(sorted(k for k in set(co) | set(cn) if k not in own and k not in tkeys
+                                and _differ(co.get(k), cn.get(k))))
+            if sweep.kind == "ladder":
+                shape = abs(pos[on.name] - pos[off.name]) - 1
+            elif sweep.kind == "leave_one_out":
+                shape = int(on.name != full)
+            elif sweep.kind == "one_at_a_time":
+                shape = int(off.name != base)
+            else:
+                shape = 0
+            key = (len(others), len(keys), shape, pos[on.name], pos[off.name])
+            if best_key is None or key < best_key:
+                best, best_key = Pair(toggle, off, on, others, keys), key
+    return best
+
+
+def dapo_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
+             *, _acfg: dict | None = None) -> ArmInfo | None:
+    """The full-DAPO arm: a ladder's last row; else the arm named "dapo"; else the one with most techniques."""
+    arms = _arms(tidy, sweep)
+    if not arms:
+        return None
+    if sweep.kind == "ladder":
+        return arms[-1]
+    for a in arms:
+        if a.name.lower() == "dapo":
+            return a
+    acfg = _acfg if _acfg is not None else _flat_arm_configs(tidy, sweep, configs)
+    return max(arms, key=lambda a: (sum(bool(toggle_state(acfg[a.name], t)) for t in TOGGLES),
+                                    [x.name for x in arms].index(a.name)))
+
+
+# --------------------------------------------------------------------------- style
+# Okabe–Ito, colour-blind safe; yellow last (weak on white).
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"]
+
+STYLE = {
+    "font.size": 9, "axes.titlesize": 9.5, "axes.labelsize": 9, "legend.fontsize": 8,
+    "xtick.labelsize": 8, "ytick.labelsize": 8, "figure.titlesize": 10.5,
+    "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+    "grid.alpha": 0.25, "grid.linewidth": 0.6, "axes.linewidth": 0.8,
+    "lines.linewidth": 1.6, "legend.frameon": False, "savefig.bbox": "tight",
+    "pdf.fonttype": 42, "font.family": "DejaVu Sans", "axes.titlelocation": "left",
+}
+
+
+def arm_colors(tidy: pd.DataFrame | None, sweep: SweepInfo) -> dict[str, str]:
+    """A fixed colour per arm, by its position in the sweep (so every figure agrees)."""
+    names = [a.name for a in sweep.arms]
+    if tidy is not None:
+        names += [n for n in arm_order(tidy) if n not in names]
+    if len(names) > len(PALETTE):
+        cmap = matplotlib.colormaps["tab20"]
+        return {n: matplotlib.colors.to_hex(cmap(i % 20)) for i, n in enumerate(names)}
+    return {n: PALETTE[i] for i, n in enumerate(names)}
+
+
+_EVAL_NAME = re.compile(r"^eval/(?P<ds>[^/]+)/(?P<kind>avg|pass|cons)_at_(?P<k>\d+)$")
+_DATASETS = {"aime24": "AIME 2024", "aime25": "AIME 2025", "math500": "MATH-500", "gsm8k": "GSM8K",
+             "arith": "arith"}
+_LABELS = {
+    "train/entropy": "entropy (nats/token)",
+    "rollout/response_len_mean": "response length (tokens)",
+    "rollout/reward_mean": "mean reward",
+    "train/token_prob_mean": "mean token probability",
+    "train/up_clipped_prob_mean": "mean probability of up-clipped tokens",
+    "sampling/all_correct_frac": "prompts with accuracy 1 (%)",
+    "sampling/all_wrong_frac": "prompts with accuracy 0 (%)",
+    "rollout/acc_mean": "rollout accuracy (%)",
+    "rollout/truncated_frac": "truncated responses (%)",
+}
+_PERCENT = {"sampling/all_correct_frac", "sampling/all_wrong_frac", "rollout/acc_mean",
+            "rollout/truncated_frac", "train/clip_frac_high", "train/clip_frac_low"}
+_X_LABELS = {"grad_step": "gradient step", "rollout_step": "rollout step"}
+
+
+def metric_short(metric: str) -> str:
+    """``eval/aime24/avg_at_32`` → ``avg@32``; other names unchanged."""
+    g = _EVAL_NAME.match(metric)
+    return f"{g['kind']}@{g['k']}" if g else metric
+
+
+def dataset_name(metric: str) -> str:
+    g = _EVAL_NAME.match(metric)
+    return _DATASETS.get(g["ds"], g["ds"]) if g else ""
+
+
+def metric_scale(tidy: pd.DataFrame, metric: str) -> float:
+    """100 for accuracies/fractions logged in [0, 1] (drawn and tabulated in %), else 1."""
+    if not (_EVAL_NAME.match(metric) or metric in _PERCENT):
+        return 1.0
+    v = tidy.loc[tidy["metric"] == metric, "value"].to_numpy(dtype=float)
+    v = v[np.isfinite(v)]
+    return 100.0 if v.size and v.min() >= 0 and v.max() <= 1 else 1.0
+
+
+def metric_label(metric: str, scale: float = 1.0) -> str:
+    g = _EVAL_NAME.match(metric)
+    if g:
+        return f"{metric_short(metric)}" + (" (%)" if scale == 100 else "")
+    lab = _LABELS.get(metric, metric)
+    return lab if scale == 100 or "(%)" not in lab else lab.replace(" (%)", " (fraction)")
+
+
+# --------------------------------------------------------------------------- drawing context
+@dataclass
+class _Ctx:
+    tidy: pd.DataFrame
+    sweep: SweepInfo
+    x: str
+    configs: dict | None
+    acfg: dict = field(default_factory=dict)
+    colors: dict = field(default_factory=dict)
+    metric: str | None = None
+    tag: str = ""
+    bands: dict = field(default_factory=dict)      # (metric, x) → seed_band frame (all arms)
+    scales: dict = field(default_factory=dict)
+    metrics: set = field(default_factory=set)
+
+    def band(self, metric: str, arm: str) -> pd.DataFrame:
+        key = (metric, self.x)
+        if key not in self.bands:
+            self.bands[key] = seed_band(self.tidy, metric, self.x)
+        b = self.bands[key]
+        return b[b["arm"] == arm]
+
+    def scale(self, metric: str) -> float:
+        if metric not in self.scales:
+            self.scales[metric] = metric_scale(self.tidy, metric)
+        return self.scales[metric]
+
+
+def _context(tidy, sweep, x, configs, ctx=None) -> _Ctx:
+    if ctx is not None:
+        return ctx
+    if x not in _X_LABELS:
+        raise ValueError(f"x = {x!r}: expected one of {', '.join(_X_LABELS)}")
+    metric = sweep.metric or primary_metric(tidy)
+    tag = sweep.title_tag
+    if tag is None:
+        tag = "" if metric and "/aime24/" in metric else "mini"
+    return _Ctx(tidy=tidy, sweep=sweep, x=x, configs=configs,
+                acfg=_flat_arm_configs(tidy, sweep, configs), colors=arm_colors(tidy, sweep),
+                metric=metric, tag=tag, metrics=set(tidy["metric"].unique()))
+
+
+def _new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] | None = None):
+    with matplotlib.rc_context(STYLE):
+        w, h = size or (4.6 * ncols if ncols > 1 else 5.2, 3.3 * nrows)
+        fig = Figure(figsize=(w, h), layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    return fig, list(axes)
+
+
+def _draw(ctx: _Ctx, ax, metric: str, arm: ArmInfo, *, color=None, label=None, linestyle="-",
+          xvalues: pd.Series | None = None) -> bool:
+    """Mean over seeds (line) and bootstrap band (fill) of one arm; False if nothing logged."""
+    b = ctx.band(metric, arm.name)
+    if b.empty:
+        return False
+    s = ctx.scale(metric)
+    xv = b[ctx.x].to_numpy(dtype=float) if xvalues is None else np.asarray(xvalues, dtype=float)
+    color = color or ctx.colors.get(arm.name, "#333333")
+    with matplotlib.rc_context(STYLE):
+        ax.fill_between(xv, b["lo"].to_numpy() * s, b["hi"].to_numpy() * s, color=color,
+                        alpha=0.18, linewidth=0)
+        sparse = len(b) <= 40
+        ax.plot(xv, b["mean"].to_numpy() * s, color=color, linestyle=linestyle,
+                label=label if label is not None else arm.label,
+                marker="o" if sparse else None, markersize=3.2 if sparse else 0)
+    return True
+
+
+def _finish(ctx: _Ctx, fig: Figure, axes, number: int, title: str, *, ylabels, panel_titles=None,
+            note: str | None = None, legend_all: bool = False, xlabel: str | None = None) -> Figure:
+    with matplotlib.rc_context(STYLE):
+        for i, (ax, yl) in enumerate(zip(axes, ylabels)):
+            ax.set_xlabel(xlabel or _X_LABELS[ctx.x])
+            ax.set_ylabel(yl)
+            if panel_titles:
+                ax.set_title(panel_titles[i])
+            if (legend_all or i == 0) and ax.get_lines():
+                ax.legend(loc="best")
+            ax.margins(x=0.01)
+        tag = f" ({ctx.tag})" if ctx.tag else ""
+        fig.suptitle(f"Fig. {number}{tag}: {title}", x=0.01, ha="left", fontweight="bold")
+        if note:
+            fig.text(0.01, -0.01, note, fontsize=7, color="#555555", ha="left", va="top", wrap=True)
+    return fig
+
+
+def _acc_title(ctx: _Ctx) -> str:
+    return f"{metric_short(ctx.metric)} on {dataset_name(ctx.metric)}"
+
+
+def _pair_figure(ctx: _Ctx, toggle: str, number: int, metrics: list[str], what: str) -> Figure | None:
+    pair = find_pair(toggle, ctx.tidy, ctx.sweep, ctx.configs, _acfg=ctx.acfg)
+    metrics = [m for m in metrics if m and m in ctx.metrics]
+    if pair is None or not metrics:
+        return None
+    fig, axes = _new_figure(ncols=len(metrics))
+    for ax, m in zip(axes, metrics):
+        for arm in (pair.off, pair.on):
+            _draw(ctx, ax, m, arm)
+    letters = "abcdefgh"
+    titles = [f"({letters[i]}) " + (_acc_title(ctx) if m == ctx.metric else _LABELS.get(m, m).split(" (")[0])
+              for i, m in enumerate(metrics)]
+    note = None if pair.exact else "Arms also differ in: " + ", ".join(
+        [TOGGLES[t].title for t in pair.other_toggles] + list(pair.other_keys))
+    return _finish(ctx, fig, axes, number, f"{what}, with vs without {TOGGLES[toggle].title}",
+                   ylabels=[metric_label(m, ctx.scale(m)) for m in metrics], panel_titles=titles,
+                   note=note, legend_all=True)
+
+
+# --------------------------------------------------------------------------- the figures
+def _fig1(ctx: _Ctx):
+    arm = dapo_arm(ctx.tidy, ctx.sweep, ctx.configs, _acfg=ctx.acfg)
+    if arm is None or not ctx.metric:
+        return None, "no eval metric (eval/<dataset>/avg_at_<k>) was logged" if arm else "no runs"
+    g = _EVAL_NAME.match(ctx.metric)
+    names = [f"eval/{g['ds']}/{kind}_at_{g['k']}" for kind in ("avg", "pass", "cons")]
+    names = [m for m in names if m in ctx.metrics]
+    fig, (ax,) = _new_figure()
+    styles = {"avg": "-", "pass": "--", "cons": "-."}
+    shades = {"avg": ctx.colors.get(arm.name), "pass": "#444444", "cons": "#999999"}
+    for m in names:
+        kind = _EVAL_NAME.match(m)["kind"]
+        _draw(ctx, ax, m, arm, color=shades[kind], linestyle=styles[kind], label=metric_short(m))
+    scale = ctx.scale(ctx.metric)
+    ax.set_title(f"{arm.label} on {dataset_name(ctx.metric)}")
+    fig = _finish(ctx, fig, [ax], 1, f"{dataset_name(ctx.metric)} accuracy during training",
+                  ylabels=["accuracy (%)" if scale == 100 else "accuracy"])
+    return fig, f"arm “{arm.label}”: " + ", ".join(metric_short(m) for m in names)
+
+
+def _toggle_note(ctx: _Ctx, toggle: str) -> str:
+    pair = find_pair(toggle, ctx.tidy, ctx.sweep, ctx.configs, _acfg=ctx.acfg)
+    if pair is None:
+        states = {a.name: toggle_state(ctx.acfg[a.name], toggle) for a in _arms(ctx.tidy, ctx.sweep)}
+        return (f"not drawn: no two arms of this sweep differ in {TOGGLES[toggle].title} "
+                f"({TOGGLES[toggle].keys[0]} per arm: {states})")
+    return pair.describe()
+
+
+def _missing(ctx: _Ctx, metrics: list[str]) -> str:
+    lost = [m for m in metrics if m not in ctx.metrics]
+    return ("; metrics not logged: " + ", ".join(lost)) if lost else ""
+
+
+def _fig2(ctx):
+    ms = [ctx.metric, "train/entropy"]
+    fig = _pair_figure(ctx, "clip_higher", 2, ms, f"{metric_short(ctx.metric or '')} and entropy")
+    return fig, _toggle_note(ctx, "clip_higher") + _missing(ctx, [m for m in ms if m])
+
+
+def _fig3(ctx):
+    ms = ["train/up_clipped_prob_mean", "sampling/all_correct_frac"]
+    pair = find_pair("clip_higher", ctx.tidy, ctx.sweep, ctx.configs, _acfg=ctx.acfg)
+    present = [m for m in ms if m in ctx.metrics]
+    if not present:
+        return None, "not drawn" + _missing(ctx, ms)
+    if pair is not None:
+        arms, note = [pair.off, pair.on], _toggle_note(ctx, "clip_higher")
+    else:
+        arm = dapo_arm(ctx.tidy, ctx.sweep, ctx.configs, _acfg=ctx.acfg)
+        arms, note = [arm], f"no Clip-Higher pair; arm “{arm.label}” alone"
+    fig, axes = _new_figure(ncols=len(present))
+    for ax, m in zip(axes, present):
+        for arm in arms:
+            _draw(ctx, ax, m, arm)
+    titles = [f"({'ab'[i]}) " + _LABELS[m].split(" (")[0] for i, m in enumerate(present)]
+    fig = _finish(ctx, fig, axes, 3, "up-clipped token probability and all-correct prompts",
+                  ylabels=[metric_label(m, ctx.scale(m)) for m in present], panel_titles=titles,
+                  legend_all=True)
+    return fig, note + _missing(ctx, ms)
+
+
+def _fig4(ctx):
+    ms = ["train/entropy", "rollout/response_len_mean"]
+    fig = _pair_figure(ctx, "token_loss", 4, ms, "entropy and response length")
+    return fig, _toggle_note(ctx, "token_loss") + _missing(ctx, ms)
+
+
+def _fig5(ctx):
+    ms = [ctx.metric, "train/entropy"]
+    fig = _pair_figure(ctx, "overlong_filter", 5, ms, f"{metric_short(ctx.metric or '')} and entropy")
+    return fig, _toggle_note(ctx, "overlong_filter") + _missing(ctx, [m for m in ms if m])
+
+
+def _cum_tokens_at(ctx: _Ctx, arm: ArmInfo, xs: np.ndarray) -> np.ndarray:
+    """Mean over seeds of the generated tokens up to each x (sampling/gen_tokens, cumulative)."""
+    d = ctx.tidy[(ctx.tidy["metric"] == "sampling/gen_tokens") & (ctx.tidy["arm"] == arm.name)]
+    d = d.dropna(subset=[ctx.x]).sort_values(["run", ctx.x])
+    cols = []
+    for _, g in d.groupby("run", sort=False):
+        steps = g[ctx.x].to_numpy(dtype=float)
+        cum = np.cumsum(g["value"].to_numpy(dtype=float))
+        i = np.searchsorted(steps, xs, side="right") - 1
+        cols.append(np.where(i >= 0, cum[np.clip(i, 0, None)], 0.0))
+    return np.mean(cols, axis=0) if cols else np.full(len(xs), np.nan)
+
+
+def _fig6(ctx):
+    note = _toggle_note(ctx, "dynamic_sampling") + _missing(ctx, [ctx.metric] if ctx.metric else [])
+    pair = find_pair("dynamic_sampling", ctx.tidy, ctx.sweep, ctx.configs, _acfg=ctx.acfg)
+    if pair is None or not ctx.metric or ctx.metric not in ctx.metrics:
+        return None, note
+    tokens = "sampling/gen_tokens" in ctx.metrics
+    fig, axes = _new_figure(ncols=2 if tokens else 1)
+    for arm in (pair.off, pair.on):
+        _draw(ctx, axes[0], ctx.metric, arm)
+        if tokens:
+            xs = ctx.band(ctx.metric, arm.name)[ctx.x].to_numpy(dtype=float)
+            _draw(ctx, axes[1], ctx.metric, arm, xvalues=_cum_tokens_at(ctx, arm, xs) / 1e6)
+    ylabel = metric_label(ctx.metric, ctx.scale(ctx.metric))
+    fig = _finish(ctx, fig, axes[:1], 6, f"{metric_short(ctx.metric)}, with vs without dynamic sampling",
+                  ylabels=[ylabel], panel_titles=[f"(a) {_acc_title(ctx)} per step"] if tokens else
+                  [_acc_title(ctx)])
+    if tokens:
+        with matplotlib.rc_context(STYLE):
+            ax = axes[1]
+            ax.set_xlabel("generated tokens (millions, cumulative)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"(b) {_acc_title(ctx)} per generated token")
+            ax.legend(loc="best")
+            ax.margins(x=0.01)
+    if not pair.exact:
+        fig.text(0.01, -0.01, "Arms also differ in: " + ", ".join(
+            [TOGGLES[t].title for t in pair.other_toggles] + list(pair.other_keys)),
+            fontsize=7, color="#555555", ha="left", va="top")
+    return fig, note
+
+
+def _fig7(ctx):
+    arm = dapo_arm(ctx.tidy, ctx.sweep, ctx.configs, _acfg=ctx.acfg)
+    ms = ["rollout/response_len_mean", "rollout/reward_mean", "train/entropy", "train/token_prob_mean"]
+    present = [m for m in ms if m in ctx.metrics]
+    if arm is None or not present:
+        return None, "not drawn" + _missing(ctx, ms)
+    fig, axes = _new_figure(ncols=2, nrows=2, size=(9.2, 6.2))
+    for ax, m in zip(axes, present):
+        _draw(ctx, ax, m, arm)
+    for ax in axes[len(present):]:
+        ax.set_visible(False)
+    titles = [f"({'abcd'[i]}) " + _LABELS[m].split(" (")[0] for i, m in enumerate(present)]
+    fig = _finish(ctx, fig, axes[:len(present)], 7, f"training dynamics of “{arm.label}”",
+                  ylabels=[metric_label(m, ctx.scale(m)) for m in present], panel_titles=titles)
+    return fig, f"arm “{arm.label}”" + _missing(ctx, ms)
+
+
+_IMPL = {"fig1": _fig1, "fig2": _fig2, "fig3": _fig3, "fig4": _fig4, "fig5": _fig5,
+         "fig6": _fig6, "fig7": _fig7}
+TITLES = {
+    "fig1": "accuracy (avg@k, pass@k, cons@k) of the DAPO arm",
+    "fig2": "accuracy and entropy, with vs without Clip-Higher",
+    "fig3": "up-clipped token probability and prompts with accuracy 1",
+    "fig4": "entropy and response length, with vs without token-level loss",
+    "fig5": "accuracy and entropy, with vs without overlong filtering",
+    "fig6": "accuracy, with vs without dynamic sampling",
+    "fig7": "response length, reward, entropy and token probability of the DAPO arm",
+}
+
+
+def _public(name: str):
+    def f(tidy: pd.DataFrame, sweep_info: SweepInfo, x: str = "grad_step", *,
+          configs: dict | None = None) -> Figure | None:
+        return _IMPL[name](_context(tidy, sweep_info, x, configs))[0]
+    f.__name__ = name
+    f.__doc__ = f"Paper Fig. {name[3:]}: {TITLES[name]}. A Figure, or None if the sweep cannot show it."
+    return f
+
+
+fig1, fig2, fig3, fig4, fig5, fig6, fig7 = (_public(f"fig{i}") for i in range(1, 8))
+FIGURES = {f"fig{i}": f for i, f in enumerate((fig1, fig2, fig3, fig4, fig5, fig6, fig7), 1)}
+
+
+@dataclass
+class FigureResult:
+    name: str                 # "fig2"
+    title: str                # what the paper figure shows
+    figure: Figure | None     # None: not drawable from this sweep
+    note: str                 # which arms, or why it is missing
+
+
+def render_all(tidy: pd.DataFrame, sweep_info: SweepInfo, x: str = "grad_step", *,
+               configs: dict | None = None) -> list[FigureResult]:
+    """Every figure, sharing one context (bands computed once per metric)."""
+    ctx = _context(tidy, sweep_info, x, configs)
+    out = []
+    for name, impl in _IMPL.items():
+        fig, note = impl(ctx)
+        out.append(FigureResult(name, TITLES[name], fig, note))
+    return out
+
+
+def save_figure(fig: Figure, path_stem: str | Path) -> list[Path]:
+    """Write ``<stem>.png`` (150 dpi) and ``<stem>.pdf``; returns both paths."""
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    with matplotlib.rc_context(STYLE):
+        fig.savefig(paths[0], dpi=150, facecolor="white")
+        fig.savefig(paths[1], facecolor="white")
+    return paths

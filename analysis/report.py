@@ -1,0 +1,205 @@
+"""One command from logged runs to a results folder: figures, Table 1, comparisons, report.md.
+
+    python -m analysis.report --tracking-uri sqlite:///runs/mlruns.db --sweep table1_mini
+    python -m analysis.report --from-snapshot results/table1_mini/snapshot
+
+writes (``--out``, default ``results/<sweep>/``)::
+
+    snapshot/   runs.parquet configs.json sweep.json meta.json   (only when reading MLflow)
+    figures/    fig1..fig7 .png + .pdf (a figure the sweep cannot show is listed, not drawn)
+    table1.md table1.csv table1.tex compare.md report.md
+    reading.md  the human-written reading; never overwritten unless a new one is given
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from .figures import TOGGLES, _arms, dapo_arm, find_pair, render_all, save_figure, _flat_arm_configs
+from .runs import SweepInfo, infer_sweep_info, load_runs, load_snapshot, read_meta, snapshot
+from .tables import compare_table, format_table1, table1, to_csv, to_latex, to_markdown
+
+__all__ = ["write_report", "main"]
+
+_NO_READING = ("_No reading yet. Write one in `reading.md` next to this file (or pass `reading=`); "
+               "it is kept when the report is regenerated._")
+
+
+def _compare_md(tidy, configs, sweep: SweepInfo, final_k: int) -> str:
+    acfg = _flat_arm_configs(tidy, sweep, configs)
+    parts = [f"# {sweep.name}: arm-vs-arm comparison\n",
+             f"Final value per run = mean of its last {final_k} logged points; mean over seeds. "
+             "`diff` = second arm − first arm. Accuracies and fractions in %.\n"]
+    seen = set()
+    for t in TOGGLES:
+        p = find_pair(t, tidy, sweep, configs, _acfg=acfg)
+        if p is None or (p.off.name, p.on.name) in seen:
+            continue
+        seen.add((p.off.name, p.on.name))
+        parts += [f"## {TOGGLES[t].title}: {p.off.label} → {p.on.label}\n", p.describe() + "\n",
+                  to_markdown(compare_table(tidy, p.off.name, p.on.name, final_k=final_k))]
+    arms = _arms(tidy, sweep)
+    full = dapo_arm(tidy, sweep, configs, _acfg=acfg)
+    if arms and full is not None and arms[0].name != full.name and (arms[0].name, full.name) not in seen:
+        parts += [f"## First arm vs DAPO arm: {arms[0].label} → {full.label}\n",
+                  to_markdown(compare_table(tidy, arms[0].name, full.name, final_k=final_k))]
+    if len(parts) == 2:
+        parts.append("_Fewer than two arms: nothing to compare._\n")
+    return "\n".join(parts)
+
+
+def _runs_md(tidy: pd.DataFrame, sweep: SweepInfo) -> str:
+    per = tidy.groupby(["arm", "run"], sort=False).agg(
+        seed=("seed", "first"), grad=("grad_step", "max"), time=("time", "max")).reset_index()
+    rows = []
+    for arm in _arms(tidy, sweep):
+        g = per[per["arm"] == arm.name]
+        rows.append({"arm": arm.label, "seeds": ", ".join(str(s) for s in sorted(g["seed"])),
+                     "last grad step (min–max)": f"{g['grad'].min()}–{g['grad'].max()}",
+                     "wall (min, sum over seeds)": f"{g['time'].sum() / 60:.1f}"})
+    missing = [a.label for a in sweep.arms if a.name not in set(per["arm"])]
+    text = to_markdown(pd.DataFrame(rows))
+    if missing:
+        text += "\nArms of the sweep with no runs yet: " + ", ".join(missing) + "\n"
+    return text
+
+
+def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None, out_dir, *,
+                 x: str = "grad_step", final_k: int = 3, reading: str | None = None,
+                 meta: dict | None = None) -> list[Path]:
+    """Write figures, tables, compare.md and report.md into out_dir; return the written paths.
+
+    ``reading``: a human-written interpretation. Given, it is saved to ``reading.md``; not
+    given, an existing ``reading.md`` is kept and embedded.
+    """
+    out = Path(out_dir)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    sweep = sweep_info or infer_sweep_info(tidy, configs)
+    written: list[Path] = []
+
+    results = render_all(tidy, sweep, x, configs=configs)
+    for r in results:
+        if r.figure is not None:
+            written += save_figure(r.figure, out / "figures" / r.name)
+
+    t1 = table1(tidy, sweep, final_k=final_k)
+    shown = format_table1(t1)
+    to_markdown(shown, out / "table1.md")
+    written.append(out / "table1.md")
+    written.append(to_csv(t1, out / "table1.csv"))
+    caption = (f"{sweep.name}: final {t1.attrs.get('metric')} (mean of the last {final_k} evaluations "
+               f"per seed; 95% bootstrap CI over seeds) vs the paper.")
+    to_latex(shown, out / "table1.tex", caption=caption, label=f"tab:{sweep.name}")
+    written.append(out / "table1.tex")
+    (out / "compare.md").write_text(_compare_md(tidy, configs, sweep, final_k))
+    written.append(out / "compare.md")
+
+    reading_path = out / "reading.md"
+    if reading is not None:
+        reading_path.write_text(reading.rstrip() + "\n")
+        written.append(reading_path)
+    reading_text = reading_path.read_text().strip() if reading_path.exists() else _NO_READING
+
+    meta = meta or {}
+    lines = [f"# {sweep.name}: DAPO vs GRPO ablation report", "",
+             f"- sweep kind: {sweep.kind}; arms: {len(_arms(tidy, sweep))}; runs: {tidy['run'].nunique()}",
+             f"- x axis: {x.replace('_', ' ')}; final = mean of the last {final_k} evaluations of "
+             f"`{t1.attrs.get('metric')}`",
+             f"- generated {datetime.now(timezone.utc).isoformat(timespec='seconds')}"
+             + (f" from {meta['mlflow_uri']}" if meta.get("mlflow_uri") else "")
+             + (f"; analysis commit {meta['commit']}" if meta.get("commit") else ""),
+             "", "## Table 1", "", to_markdown(shown),
+             "Paper: Qwen2.5-32B base, AIME 2024 avg@32. Ours: see the sweep config; "
+             "CIs are 95% percentile bootstrap over seeds (one seed: no interval).",
+             "Files: [table1.csv](table1.csv), [table1.tex](table1.tex), "
+             "[arm-vs-arm comparison](compare.md).", "",
+             "## Runs", "", _runs_md(tidy, sweep), "## Figures", ""]
+    for r in results:
+        number = r.name[3:]
+        lines.append(f"### Fig. {number}: {r.title}")
+        lines.append("")
+        if r.figure is not None:
+            lines += [f"![Fig. {number}](figures/{r.name}.png)", "",
+                      f"{r.note} ([PDF](figures/{r.name}.pdf))", ""]
+        else:
+            lines += [f"Not drawn: {r.note}", ""]
+    lines += ["## Reading", "", reading_text, ""]
+    (out / "report.md").write_text("\n".join(lines))
+    written.append(out / "report.md")
+    for r in results:  # release figure memory
+        if r.figure is not None:
+            r.figure.clear()
+    return written
+
+
+def _git_commit() -> str:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        return sha or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dapo figures", description=(
+        "Regenerate the paper's figures and Table 1 from MLflow runs or a results snapshot."))
+    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
+    p.add_argument("--sweep", help="sweep name = MLflow experiment name")
+    p.add_argument("--from-snapshot", metavar="DIR", help="read a results snapshot instead of MLflow")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: results/<sweep>/)")
+    p.add_argument("--x", choices=["grad_step", "rollout_step"], default="grad_step",
+                   help="x axis of the curves (default: grad_step, as in the paper)")
+    p.add_argument("--final-k", type=int, default=None,
+                   help="final value = mean of the last K evaluations (default: the sweep's, else 3)")
+    p.add_argument("--reading", metavar="FILE", help="a markdown file with the human reading to embed")
+    p.add_argument("--no-snapshot", action="store_true", help="do not write a snapshot when reading MLflow")
+    return p
+
+
+def main(argv: list[str] | None = None, *, sweep_info: SweepInfo | None = None) -> int:
+    """CLI entry; ``sweep_info`` lets a caller (``dapo figures``) pass the parsed sweep file."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    meta: dict = {}
+    if args.from_snapshot:
+        tidy, configs, snap_sweep = load_snapshot(args.from_snapshot)
+        meta = read_meta(args.from_snapshot)
+        sweep = sweep_info or snap_sweep or infer_sweep_info(tidy, configs, args.sweep)
+        out = Path(args.out) if args.out else Path(args.from_snapshot).resolve().parent
+    else:
+        if not args.sweep or not args.tracking_uri:
+            build_parser().error("give --sweep and --tracking-uri (or $MLFLOW_TRACKING_URI), or --from-snapshot")
+        tidy, configs = load_runs(args.tracking_uri, args.sweep)
+        if tidy.empty:
+            print(f"[figures] sweep {args.sweep!r} has no logged points yet", file=sys.stderr)
+            return 1
+        sweep = sweep_info or infer_sweep_info(tidy, configs, args.sweep)
+        out = Path(args.out) if args.out else Path("results") / args.sweep
+        commit = _git_commit()
+        meta = {"mlflow_uri": args.tracking_uri, "commit": commit}
+        if not args.no_snapshot:
+            cmd = "python -m analysis.report " + " ".join(shlex.quote(a) for a in argv)
+            snap = snapshot(tidy, configs, sweep, out / "snapshot", command=cmd, commit=commit,
+                            tracking_uri=args.tracking_uri)
+            print(f"[figures] snapshot: {snap}")
+    reading = Path(args.reading).read_text() if args.reading else None
+    final_k = args.final_k or sweep.final_k
+    paths = write_report(tidy, configs, sweep, out, x=args.x, final_k=final_k, reading=reading, meta=meta)
+    for p in paths:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

