@@ -189,8 +189,8 @@ STYLE = {
     "xtick.labelsize": 8, "ytick.labelsize": 8, "figure.titlesize": 10.5,
     "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
     "grid.alpha": 0.25, "grid.linewidth": 0.6, "axes.linewidth": 0.8,
-    "lines.linewidth": 1.6, "legend.frameon": False, "savefig.bbox": "tight",
-    "pdf.fonttype": 42, "font.family": "DejaVu Sans", "axes.titlelocation": "left",
+    "lines.linewidth": 1.6, "legend.frameon": False,
+    "font.family": "DejaVu Sans", "axes.titlelocation": "left",
 }
 
 
@@ -336,8 +336,14 @@ def _finish(ctx: _Ctx, fig: Figure, axes, number: int, title: str, *, ylabels, p
         tag = f" ({ctx.tag})" if ctx.tag else ""
         fig.suptitle(f"Fig. {number}{tag}: {title}", x=0.01, ha="left", fontweight="bold")
         if note:
-            fig.text(0.01, -0.01, note, fontsize=7, color="#555555", ha="left", va="top", wrap=True)
+            _footnote(fig, note)
     return fig
+
+
+def _footnote(fig: Figure, note: str) -> None:
+    """A grey note under the panels (constrained layout keeps room for it)."""
+    with matplotlib.rc_context(STYLE):
+        fig.supxlabel(note, x=0.01, ha="left", fontsize=7, color="#555555")
 
 
 def _acc_title(ctx: _Ctx) -> str:
@@ -378,9 +384,9 @@ def _fig1(ctx: _Ctx):
         kind = _EVAL_NAME.match(m)["kind"]
         _draw(ctx, ax, m, arm, color=shades[kind], linestyle=styles[kind], label=metric_short(m))
     scale = ctx.scale(ctx.metric)
-    ax.set_title(f"{arm.label} on {dataset_name(ctx.metric)}")
     fig = _finish(ctx, fig, [ax], 1, f"{dataset_name(ctx.metric)} accuracy during training",
-                  ylabels=["accuracy (%)" if scale == 100 else "accuracy"])
+                  ylabels=["accuracy (%)" if scale == 100 else "accuracy"],
+                  panel_titles=[f"arm “{arm.label}”, mean over seeds with 95% CI"])
     return fig, f"arm “{arm.label}”: " + ", ".join(metric_short(m) for m in names)
 
 
@@ -476,9 +482,8 @@ def _fig6(ctx):
             ax.legend(loc="best")
             ax.margins(x=0.01)
     if not pair.exact:
-        fig.text(0.01, -0.01, "Arms also differ in: " + ", ".join(
-            [TOGGLES[t].title for t in pair.other_toggles] + list(pair.other_keys)),
-            fontsize=7, color="#555555", ha="left", va="top")
+        _footnote(fig, "Arms also differ in: " + ", ".join(
+            [TOGGLES[t].title for t in pair.other_toggles] + list(pair.other_keys)))
     return fig, note
 
 
@@ -544,12 +549,18 @@ def render_all(tidy: pd.DataFrame, sweep_info: SweepInfo, x: str = "grad_step", 
     return out
 
 
-def save_figure(fig: Figure, path_stem: str | Path) -> list[Path]:
-    """Write ``<stem>.png`` (150 dpi) and ``<stem>.pdf``; returns both paths."""
+def save_figure(fig: Figure, path_stem: str | Path, formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
+    """Write ``<stem>.png`` (150 dpi) and ``<stem>.pdf`` (or the given formats); returns the paths."""
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    paths = [stem.with_suffix("." + f) for f in formats]
     with matplotlib.rc_context(STYLE):
-        fig.savefig(paths[0], dpi=150, facecolor="white")
-        fig.savefig(paths[1], facecolor="white")
+        engine = fig.get_layout_engine()
+        try:
+            for i, p in enumerate(paths):
+                fig.savefig(p, dpi=150, facecolor="white")  # the first save lays out (constrained)
+                if i == 0:
+                    fig.set_layout_engine("none")            # later formats reuse those positions
+        finally:
+            fig.set_layout_engine(engine)
     return paths

@@ -74,11 +74,12 @@ def _runs_md(tidy: pd.DataFrame, sweep: SweepInfo) -> str:
 
 def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None, out_dir, *,
                  x: str = "grad_step", final_k: int = 3, reading: str | None = None,
-                 meta: dict | None = None) -> list[Path]:
+                 meta: dict | None = None, formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
     """Write figures, tables, compare.md and report.md into out_dir; return the written paths.
 
     ``reading``: a human-written interpretation. Given, it is saved to ``reading.md``; not
-    given, an existing ``reading.md`` is kept and embedded.
+    given, an existing ``reading.md`` is kept and embedded. ``formats``: figure files to
+    write (the report links the PNG, and the PDF when written).
     """
     out = Path(out_dir)
     (out / "figures").mkdir(parents=True, exist_ok=True)
@@ -88,7 +89,7 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
     results = render_all(tidy, sweep, x, configs=configs)
     for r in results:
         if r.figure is not None:
-            written += save_figure(r.figure, out / "figures" / r.name)
+            written += save_figure(r.figure, out / "figures" / r.name, formats)
 
     t1 = table1(tidy, sweep, final_k=final_k)
     shown = format_table1(t1)
@@ -127,8 +128,8 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
         lines.append(f"### Fig. {number}: {r.title}")
         lines.append("")
         if r.figure is not None:
-            lines += [f"![Fig. {number}](figures/{r.name}.png)", "",
-                      f"{r.note} ([PDF](figures/{r.name}.pdf))", ""]
+            pdf = f" ([PDF](figures/{r.name}.pdf))" if "pdf" in formats else ""
+            lines += [f"![Fig. {number}](figures/{r.name}.png)", "", f"{r.note}{pdf}", ""]
         else:
             lines += [f"Not drawn: {r.note}", ""]
     lines += ["## Reading", "", reading_text, ""]

@@ -132,6 +132,11 @@ def _parse_param(s: str) -> Any:
     """MLflow params are strings; recover the YAML value ('0.28' → 0.28, 'True' → True)."""
     if s in ("None", "null"):
         return None
+    for conv in (int, float):  # YAML 1.1 reads '1e-06' as a string
+        try:
+            return conv(s)
+        except ValueError:
+            pass
     try:
         import yaml
         return yaml.safe_load(s)

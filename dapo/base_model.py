@@ -47,6 +47,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dapo.minitask import N_EVAL
+
 __all__ = ["RECIPE_VERSION", "Recipe", "build_base_model", "evaluate", "recipe_hash", "main"]
 
 RECIPE_VERSION = 1
@@ -72,6 +74,7 @@ class Recipe:
     bf16: bool = True  # bf16 autocast for the supervised forward/backward
     cap: int = 40  # response-length cap (tokens, EOS included) the numbers refer to
     report_caps: tuple[int, ...] = (32, 40, 48)  # caps also reported
+    eval_problems: int = 200  # first k problems of arith-eval (stratified: 1,2,3,1,2,3,...)
     eval_samples: int = 8  # samples per held-out problem (the group size G)
     eval_temperature: float = 1.0
     version: int = RECIPE_VERSION
@@ -93,6 +96,7 @@ class Recipe:
         need(self.operand_max >= 1, "operand_max", "must be >= 1")
         need(self.cap >= 1, "cap", "must be >= 1")
         need(all(c >= 1 for c in self.report_caps), "report_caps", "must all be >= 1")
+        need(1 <= self.eval_problems <= N_EVAL, "eval_problems", f"must be in [1, {N_EVAL}]")
         need(self.eval_samples >= 1, "eval_samples", "must be >= 1")
         need(self.eval_temperature > 0, "eval_temperature", "must be > 0")
 
@@ -293,7 +297,7 @@ def evaluate(model, tokenizer, recipe: Recipe, problems: list[dict] | None = Non
     """Held-out numbers of ``model`` at every cap in ``recipe.caps`` (see module doc)."""
     from dapo.minitask import eval_problems
 
-    problems = problems if problems is not None else eval_problems()
+    problems = problems if problems is not None else eval_problems()[: recipe.eval_problems]
     t0 = time.perf_counter()
     groups = _generate(model, tokenizer, [p["prompt"] for p in problems], n=recipe.eval_samples,
                        max_new_tokens=max(recipe.caps), temperature=recipe.eval_temperature,
@@ -352,6 +356,7 @@ def build_base_model(
     *,
     force: bool = False,
     progress: bool = True,
+    threads: int | None = None,
     **recipe_kw: Any,
 ) -> dict[str, Any]:
     """Train (or reuse) the base model; return its record (the content of base_model.json).
@@ -360,6 +365,9 @@ def build_base_model(
     operand_max, bf16, cap, ...). ``out_dir`` defaults to ``<cache>/base/<recipe hash>``.
     An existing ``out_dir`` is replaced only if it is empty or an earlier base model
     (it holds base_model.json or config.json); anything else is an error.
+    ``threads``: torch threads (default ``os.cpu_count()``); not part of the recipe.
+    With other processes busy on the same cores, 1 thread can be several times faster
+    than 2 (OpenMP threads wait on each other when a core is taken away).
     The returned dict also has ``"reused"``: True when nothing was trained.
     """
     for k in ("n_ops", "report_caps"):
@@ -382,8 +390,9 @@ def build_base_model(
 
     from dapo.models import TINY_PRESETS, build_char_tokenizer, build_tiny_qwen2, load_model
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    t_start = time.perf_counter()
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    t_start, cpu_start = time.perf_counter(), time.process_time()
+    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     tok = build_char_tokenizer()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -412,6 +421,9 @@ def build_base_model(
                       "seconds_per_step": round(train_s / recipe.steps, 3)},
             "eval": ev,
             "wall_time_s": round(time.perf_counter() - t_start, 1),
+            "cpu_time_s": round(time.process_time() - cpu_start, 1),
+            "load_avg_1min": {"start": load_start,
+                              "end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         (tmp / RECORD_NAME).write_text(json.dumps(record, indent=1) + "\n")
@@ -476,11 +488,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--eval-samples", type=int, default=d.eval_samples, help=f"G (default {d.eval_samples})")
     p.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in fp32")
     p.add_argument("--force", action="store_true", help="rebuild even if the recipe was built")
+    p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.add_argument("--json", action="store_true", help="print the whole record as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     rec = build_base_model(
-        a.out, force=a.force, progress=not a.quiet, preset=a.preset, steps=a.steps,
+        a.out, force=a.force, progress=not a.quiet, threads=a.threads, preset=a.preset, steps=a.steps,
         batch_size=a.batch_size, lr=a.lr, warmup_steps=a.warmup_steps, seed=a.seed,
         n_ops=a.n_ops, operand_max=a.operand_max, cap=a.cap, eval_samples=a.eval_samples,
         bf16=a.bf16)

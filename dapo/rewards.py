@@ -52,32 +52,66 @@ _REMOVED_EXPRESSIONS: tuple[str, ...] = (
     "\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}",
     "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;", ",\\!", "{,}", '"', "\\dots",
 )
-# (pattern, replacement) pairs, applied in order after the tables above.
-_REGEX_REWRITES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"(.*?)(\$)(.*?)(\$)(.*)"), r"$\3$"),  # keep only the first $...$ span
-    (re.compile(r"(\\text\{)(.*?)(\})"), r"\2"),  # unwrap \text{..}
-    (re.compile(r"(\\textbf\{)(.*?)(\})"), r"\2"),  # unwrap \textbf{..}
-    (re.compile(r"(\\overline\{)(.*?)(\})"), r"\2"),  # unwrap \overline{..}
-    (re.compile(r"(\\boxed\{)(.*)(\})"), r"\2"),  # unwrap \boxed{..} (greedy: outermost)
-    (re.compile(r"(frac)([^{])(.)"), r"frac{\2}{\3}"),  # \frac12 -> \frac{1}{2}
-    (re.compile(r"(sqrt)([^{])"), r"sqrt{\2}"),  # \sqrt2 -> \sqrt{2}
-)
+_FRAC_SHORTHAND = re.compile(r"(frac)([^{])(.)")  # \frac12 -> \frac{1}{2}
+_SQRT_SHORTHAND = re.compile(r"(sqrt)([^{])")  # \sqrt2 -> \sqrt{2}
+
+
+# verl runs five more regexes here: r"(.*?)(\$)(.*?)(\$)(.*)" -> r"$\3$", then
+# r"(\\text\{)(.*?)(\})" -> r"\2" and the same for \textbf and \overline, then
+# r"(\\boxed\{)(.*)(\})" -> r"\2". None of them crosses a newline, and re.sub makes each
+# quadratic in the line length when it fails to match (a 100 kB ground truth takes a
+# minute). The helpers below give the same output in linear time, one line at a time;
+# tests/test_rewards_fuzz.py checks them against the regexes.
+def _first_dollar_span(line: str) -> str:
+    r"""(.*?)(\$)(.*?)(\$)(.*) -> $\3$ : a line with two "$" keeps only its first $..$ span."""
+    parts = line.split("$", 2)
+    return f"${parts[1]}$" if len(parts) == 3 else line
+
+
+def _unwrap_lazy(line: str, prefix: str) -> str:
+    r"""(prefix)(.*?)(\}) -> \2 : each `prefix` up to the nearest "}" becomes its content."""
+    out, pos = [], 0
+    while (i := line.find(prefix, pos)) >= 0:
+        j = line.find("}", i + len(prefix))
+        if j < 0:
+            break
+        out += [line[pos:i], line[i + len(prefix) : j]]
+        pos = j + 1
+    out.append(line[pos:])
+    return "".join(out)
+
+
+def _unwrap_greedy(line: str, prefix: str) -> str:
+    r"""(prefix)(.*)(\}) -> \2 : the first `prefix` up to the line's last "}" becomes its content."""
+    i, j = line.find(prefix), line.rfind("}")
+    if i < 0 or j < i + len(prefix):
+        return line
+    return line[:i] + line[i + len(prefix) : j] + line[j + 1 :]
+
+
+def _unwrap_line(line: str) -> str:
+    line = _first_dollar_span(line)
+    for prefix in ("\\text{", "\\textbf{", "\\overline{"):
+        line = _unwrap_lazy(line, prefix)
+    return _unwrap_greedy(line, "\\boxed{")
 
 
 def normalize_final_answer(answer: str) -> str:
-    """Minerva normalization of one final-answer string (no newline handling beyond `.`).
+    """Minerva normalization of one final-answer string, linear time in its length.
 
-    Keeps what follows the last "=", applies the substitution and removal tables, unwraps
-    $..$, \\text, \\textbf, \\overline and \\boxed, expands \\fracab / \\sqrta shorthand, drops
-    "$", and turns "1,000" into "1000" when only digits and commas remain.
+    Keeps what follows the last "=", applies the substitution and removal tables, keeps the
+    first $..$ span, unwraps \\text, \\textbf, \\overline and (outermost) \\boxed, expands
+    \\fracab / \\sqrta shorthand, drops "$", and turns "1,000" into "1000" when only digits
+    and commas remain.
     """
     s = answer.split("=")[-1]
     for before, after in _SUBSTITUTIONS:
         s = s.replace(before, after)
     for expr in _REMOVED_EXPRESSIONS:
         s = s.replace(expr, "")
-    for pattern, repl in _REGEX_REWRITES:
-        s = pattern.sub(repl, s)
+    s = "\n".join(_unwrap_line(line) for line in s.split("\n"))
+    s = _FRAC_SHORTHAND.sub(r"frac{\2}{\3}", s)
+    s = _SQRT_SHORTHAND.sub(r"sqrt{\2}", s)
     s = s.replace("$", "")
     if s.replace(",", "").isdigit():
         s = s.replace(",", "")

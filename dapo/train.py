@@ -598,7 +598,7 @@ def _cpu_has_bf16() -> bool:
 def _make_engine_with_retry(make_engine, cfg, model_path, rdtype, policy):
     kw = {}
     if cfg.rollout.engine == "vllm":
-        kw = {"kv_cache_gib": cfg.rollout.vllm_kv_cache_gib,
+        kw = {"kv_cache_space_gib": cfg.rollout.vllm_kv_cache_gib,
               "gpu_memory_utilization": cfg.rollout.gpu_memory_utilization,
               "max_model_len": cfg.data.max_prompt_tokens + max(cfg.rollout.max_new_tokens,
                                                                  cfg.eval.max_new_tokens or 0)}

@@ -161,13 +161,15 @@ do_install() {
     trap 'rm -f /usr/sbin/policy-rc.d' EXIT
   fi
   export DEBIAN_FRONTEND=noninteractive
-  local apt=(apt-get install -y -q --no-install-recommends -o Dpkg::Options::=--force-confdef
+  mkdir -p "$LOG"
+  local apt=(apt-get install -y -q --no-install-recommends -o Dpkg::Options::=--force-unsafe-io
+             -o Dpkg::Options::=--force-confdef
              -o Dpkg::Options::=--force-confold "${PACKAGES[@]}")
   say "apt-get install ${PACKAGES[*]}"
-  if ! "${apt[@]}" >"/tmp/dapo-slurm-apt.log" 2>&1; then
+  if ! "${apt[@]}" >"$LOG/apt.log" 2>&1; then
     say "install failed; apt-get update and retry"
-    apt-get update -q >>"/tmp/dapo-slurm-apt.log" 2>&1 || true
-    "${apt[@]}" >>"/tmp/dapo-slurm-apt.log" 2>&1 || { tail -n 30 /tmp/dapo-slurm-apt.log >&2; die "apt-get install failed"; }
+    apt-get update -q >>"$LOG/apt.log" 2>&1 || true
+    "${apt[@]}" >>"$LOG/apt.log" 2>&1 || { tail -n 30 "$LOG/apt.log" >&2; die "apt-get install failed"; }
   fi
   if [ "$(trap -p EXIT)" ]; then rm -f "$policy"; trap - EXIT; fi
   installed || die "packages still missing after apt-get install"
@@ -198,8 +200,13 @@ make_dirs() {
 write_configs() {
   local host node_line cpus mem defmem
   host=$(hostname -s)
-  # `slurmd -C` prints e.g. "NodeName=vm CPUs=2 Boards=1 ... RealMemory=24105"
-  node_line=$(slurmd -C | head -n 1)
+  # `slurmd -C` prints e.g. "NodeName=vm CPUs=2 Boards=1 ... RealMemory=24105". It can
+  # take seconds (hwloc) on a busy machine, so keep it while CPUs and memory are unchanged.
+  local key; key="$(nproc) $(grep MemTotal /proc/meminfo)"
+  if [ "$(head -n 1 "$ETC/slurmd-C" 2>/dev/null)" != "$key" ]; then
+    { echo "$key"; slurmd -C | head -n 1; } >"$ETC/slurmd-C.tmp" && mv -f "$ETC/slurmd-C.tmp" "$ETC/slurmd-C"
+  fi
+  node_line=$(sed -n 2p "$ETC/slurmd-C")
   cpus=$(sed -n 's/.* CPUs=\([0-9]*\).*/\1/p' <<<"$node_line")
   mem=$(sed -n 's/.* RealMemory=\([0-9]*\).*/\1/p' <<<"$node_line")
   [ -n "$cpus" ] && [ -n "$mem" ] || die "cannot parse 'slurmd -C': $node_line"
@@ -343,6 +350,9 @@ cmd_start() {
     export_line; return 0
   fi
   [ "$(id -u)" = 0 ] || unsupported "start needs root"
+  if [ -e "$BASE" ] && [ "$(stat -c %u "$BASE")" != 0 ]; then   # /tmp is shared: refuse a planted dir
+    die "$BASE exists and is not owned by root"
+  fi
   do_install
   make_dirs
   write_configs
@@ -360,6 +370,8 @@ cmd_start() {
   export_line
 }
 
+no_jobs() { local q; q=$(squeue -h -o %A) && [ -z "$q" ]; }
+
 cancel_all_jobs() {
   alive slurmctld || return 0
   local ids
@@ -369,10 +381,11 @@ cancel_all_jobs() {
   # shellcheck disable=SC2086
   scancel $ids 2>/dev/null || true
   # Wait for the jobs (and their slurmstepd) to end while slurmd can still reap them.
-  wait_for 45 "jobs to end" test -z "$(squeue -h -o %A 2>/dev/null)" || say "jobs still listed; stopping anyway"
+  wait_for 45 "jobs to end" no_jobs || say "jobs still listed; stopping anyway"
 }
 
 cmd_stop() {
+  [ "$(id -u)" = 0 ] || unsupported "stop needs root"
   cancel_all_jobs
   stop_daemon slurmd 20
   stop_daemon slurmctld 20
@@ -396,12 +409,17 @@ cmd_status() {
 
 cmd_logs() {
   local f
-  for f in "$LOG"/*; do [ -s "$f" ] && { echo "=== $f"; tail -n "${LINES_PER_LOG:-20}" "$f"; }; done
+  for f in "$LOG"/*; do
+    if [ -s "$f" ]; then echo "=== $f"; tail -n "${LINES_PER_LOG:-20}" "$f"; fi
+  done
 }
 
 lock() {   # one start/stop at a time (e.g. several pytest-xdist workers)
   mkdir -p "$(dirname "$BASE")"
-  exec 9>"$BASE.lock"
+  if ! { exec 9>>"$BASE.lock"; } 2>/dev/null; then
+    [ "$(id -u)" = 0 ] && die "cannot open $BASE.lock"
+    return 0    # not root: start can only report a running cluster, so no lock needed
+  fi
   flock -w 300 9 || die "another start/stop holds $BASE.lock"
 }
 

@@ -98,10 +98,11 @@ def test_without_dynamic_sampling_every_group_is_kept_and_penalty_applies():
     answers = {0: ["7"] * 4, 1: ["1"] * 4}
     ex = _examples(2)
     tokens = {(e.source, e.index): [e.index] for e in ex}
-    cfg = _cfg(**{"algo.dynamic_sampling.enabled": "false", "algo.overlong.soft_punish": "true"})
+    cfg = _cfg(**{"algo.dynamic_sampling.enabled": "false", "algo.overlong.soft_punish": "true",
+                  "algo.overlong.max_len": 7})
     b = collect_rollouts(ScriptedEngine(answers), ListSampler(ex, 2), tokens, cfg, 1)
     assert b.num_groups == 2 and b.stats["sampling/discarded_groups"] == 0
-    # lengths 3,4,5,6 with L_max 8, L_cache 2: penalty 0,0,0,-0.5  (6 is 1 token into the buffer)
+    # lengths 3,4,5,6 with L_max 7, L_cache 2: no penalty up to 7-2 = 5; 6 → (5-6)/2 = -0.5
     assert b.penalty[0].tolist() == pytest.approx([0.0, 0.0, 0.0, -0.5])
     assert b.rewards[0].tolist() == pytest.approx([1.0, 1.0, 1.0, 0.5])
 

@@ -128,15 +128,16 @@ def make_engine(
 # --------------------------------------------------------------------------- helpers
 
 
-def per_prompt_seeds(seed: int | None, num_prompts: int) -> list[int] | list[None]:
-    """Deterministic, distinct-ish 31-bit seeds, one per prompt, derived from ``seed``.
+def per_prompt_seeds(seed: int | None, num_prompts: int, *, salt: int = 0) -> list[int] | list[None]:
+    """Deterministic 31-bit seeds, one per prompt, derived from ``(salt, seed)``.
 
-    vLLM gives sample j of a seeded request the seed ``s + j``; drawing each prompt's
-    ``s`` at random from a 2^31 range keeps overlaps between prompts negligible.
+    ``salt`` is the engine's own seed. vLLM gives sample j of a seeded request the seed
+    ``s + j``; drawing each prompt's ``s`` at random from a 2^31 range keeps overlaps
+    between prompts negligible. ``seed=None`` gives ``[None] * num_prompts``.
     """
     if seed is None:
         return [None] * num_prompts
-    rng = random.Random(seed)
+    rng = random.Random(f"{salt}:{seed}")  # str seeds hash deterministically (sha512)
     return [rng.randrange(2**31 - 2**16) for _ in range(num_prompts)]
 
 

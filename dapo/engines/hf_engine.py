@@ -21,6 +21,7 @@ from dapo.engines.base import (
     Completion,
     SamplingSpec,
     check_full_state_dict,
+    per_prompt_seeds,
     split_at_eos,
     strip_wrapper_prefixes,
 )
@@ -34,7 +35,7 @@ class HFEngine:
     Args:
         model_path: model directory (for the tokenizer, and the model unless shared).
         dtype: "float32" | "bfloat16" (ignored when ``trainer_model`` is given).
-        seed: added to ``spec.seed`` (kept for symmetry with the vLLM engine).
+        seed: engine seed, salted into each seeded call's RNG seed (as in the vLLM engine).
         trainer_model: the trainer's live model. If given, generation uses it directly
             and ``update_weights`` is a no-op; otherwise the engine loads its own copy.
         max_batch_size: sequences (prompts x n) per ``generate`` call; None = all at once.
@@ -102,7 +103,7 @@ class HFEngine:
         try:
             with rng:
                 if spec.seed is not None:
-                    torch.manual_seed(self.seed + spec.seed)
+                    torch.manual_seed(per_prompt_seeds(spec.seed, 1, salt=self.seed)[0])
                 for start in range(0, len(seqs), bs):
                     new_ids += self._generate_batch(seqs[start : start + bs], cfg, device)
         finally:

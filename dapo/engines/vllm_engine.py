@@ -16,14 +16,19 @@ in the environment wins):
 - ``VLLM_CPU_KVCACHE_SPACE`` (GiB, CPU only): from ``kv_cache_space_gib`` or 2 if unset.
   Without it vLLM-CPU reserves ``gpu_memory_utilization`` x RAM.
 
+On CPU chunked prefill is turned off (``max_num_batched_tokens`` >= the model length):
+with it, vllm-cpu 0.32 crashes on seeded requests whose prefill gets split
+("CPU Generator does not use offset"), e.g. 64 prompts x 8 samples.
+
 Weight sync: ``update_weights(model.state_dict().items())`` - the FULL state dict. With
 tied embeddings ``lm_head.weight`` is absent from ``named_parameters()``, and vLLM-CPU
 then keeps its old (post-processed) output layer without any error; the call checks the
 names against the checkpoint and raises instead.
 
-Seeds: with ``spec.seed`` set, prompt i gets its own seed (``per_prompt_seeds``) and vLLM
-gives its sample j the seed ``s_i + j``, so a call's samples depend on the seed alone,
-not on batch composition or on earlier calls.
+Seeds: with ``spec.seed`` set, prompt i gets its own seed s_i (``per_prompt_seeds`` of
+the engine seed and ``spec.seed``) and vLLM gives its sample j the seed ``s_i + j``, so a
+call's samples depend on the seeds and weights alone, not on batch composition or on
+earlier calls. With ``spec.seed=None`` samples come from the engine's RNG stream.
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ class VLLMEngine:
     Args:
         model_path: an HF model directory (see :func:`dapo.models.resolve_model`).
         dtype: "float32" | "bfloat16" (vLLM's ``dtype``).
-        seed: vLLM's engine seed (only matters for calls with ``spec.seed=None``).
+        seed: vLLM's engine seed, also salted into the per-prompt seeds of seeded calls.
         trainer_model: ignored (vLLM keeps its own copy; push weights with update_weights).
         max_model_len: prompt + completion limit; default from the model config.
         kv_cache_space_gib: CPU only, KV cache size in GiB (default 2).
@@ -104,12 +109,18 @@ class VLLMEngine:
         import vllm  # noqa: PLC0415  (lazy: the only vllm import of the project)
 
         self.model_path = str(model_path)
+        self.seed = seed
         self.per_request_seeds = per_request_seeds
         kw: dict[str, Any] = dict(model=self.model_path, dtype=dtype, seed=seed, enforce_eager=True)
         if max_model_len is not None:
             kw["max_model_len"] = max_model_len
         if gpu_memory_utilization is not None and torch.cuda.is_available():
             kw["gpu_memory_utilization"] = gpu_memory_utilization
+        if not torch.cuda.is_available():
+            # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
+            # request's prefill is split by chunked prefill; whole-prompt prefills avoid it.
+            kw["enable_chunked_prefill"] = False
+            kw["max_num_batched_tokens"] = max(4096, max_model_len or _max_positions(Path(self.model_path)))
         kw.update(llm_kwargs)
 
         threads, real_set_num_threads = torch.get_num_threads(), torch.set_num_threads
@@ -148,10 +159,12 @@ class VLLMEngine:
             top_p=1.0 if spec.greedy else spec.top_p,
             max_tokens=spec.max_tokens,
             stop_token_ids=self.eos_ids,
+            detokenize=False,  # generate() decodes the ids itself, in one batch
         )
         if spec.seed is not None and self.per_request_seeds:
-            return [SamplingParams(**base, seed=s) for s in per_prompt_seeds(spec.seed, num_prompts)]
-        return [SamplingParams(**base, seed=spec.seed)] * num_prompts
+            seeds = per_prompt_seeds(spec.seed, num_prompts, salt=self.seed)
+            return [SamplingParams(**base, seed=s) for s in seeds]
+        return [SamplingParams(**base)] * num_prompts  # engine RNG stream
 
     def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
         if not prompt_token_ids:
@@ -159,9 +172,9 @@ class VLLMEngine:
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
         outputs = self.llm.generate(prompts, self.sampling_params(spec, len(prompts)), use_tqdm=False)
         eos = set(self.eos_ids)
-        result: list[list[Completion]] = []
+        ids_flat: list[list[int]] = []
+        finished_flat: list[bool] = []
         for req in outputs:
-            group = []
             samples = sorted(req.outputs, key=lambda c: c.index)
             if spec.greedy:  # one greedy decode per prompt, copied n times
                 samples = samples * spec.n
@@ -172,9 +185,13 @@ class VLLMEngine:
                         f"VLLMEngine: completion stopped without an EOS token ({c.stop_reason!r})"
                     )
                 ids, finished = split_at_eos(ids, eos, spec.max_tokens)
-                group.append(Completion(token_ids=ids, text=c.text, finished=finished))
-            result.append(group)
-        return result
+                ids_flat.append(ids)
+                finished_flat.append(finished)
+        # Decoded here (not by vLLM's incremental detokenizer) so text == the HF engine's
+        # for the same ids, invalid UTF-8 byte runs included.
+        texts = self.tokenizer.batch_decode(ids_flat, skip_special_tokens=True)
+        flat = [Completion(token_ids=i, text=t, finished=f) for i, t, f in zip(ids_flat, texts, finished_flat)]
+        return [flat[k * spec.n : (k + 1) * spec.n] for k in range(len(prompt_token_ids))]
 
     # ------------------------------------------------------------------ weights
 
@@ -205,6 +222,12 @@ class VLLMEngine:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _max_positions(model_dir: Path) -> int:
+    cfg_file = model_dir / "config.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    return int(cfg.get("max_position_embeddings") or 4096)
 
 
 def _checkpoint_weight_names(model_dir: Path) -> set[str]:

@@ -1,0 +1,444 @@
+"""Submit, watch and cancel a sweep's jobs through submitit (Slurm job array, or local).
+
+    submit(spec, profile)  one Slurm job array (executor.batch()), at most max_concurrent at a time;
+                           or submitit's LocalExecutor, the same jobs, in the foreground
+    status(spec)           per run: pending / running / requeued / done / failed (sacct + run dirs)
+    cancel(spec)           scancel the sweep's unfinished jobs
+
+Every job runs :class:`RunJob`, a ``submitit.helpers.Checkpointable``: on preemption or the
+time limit submitit calls its ``checkpoint()``, which resubmits it (the training loop resumes
+from the run directory's last checkpoint) until ``max_requeues``, then fails clearly.
+A finished run (``summary.json``) is never run again; a resubmitted sweep skips finished and
+still-queued runs and resumes the others.
+
+Each submission is recorded in ``<output>/sweeps/<name>/submissions.json``; submitit's files
+(pickles, one log per job) go to ``<output>/sweeps/<name>/submitit/<timestamp>/``.
+
+Shell safety: names that reach the sbatch script are checked against ``^[A-Za-z0-9._-]+$``
+when the spec and profile are loaded; everything else (setup words, env values, paths) goes
+through ``shlex.quote``. The launcher knows nothing about losses: a job only builds the
+Config and calls :func:`dapo.train.train` (or ``accelerate launch -m dapo.train``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from dapo.config import ConfigError, build_config, to_dict
+from dapo.sweep_spec import ClusterProfile, Job, Spec, check_resources, expand
+
+__all__ = ["RunJob", "accelerate_command", "sbatch_parameters", "setup_lines", "submit", "status",
+           "cancel", "load_records", "SLURM_ACTIVE", "SLURM_FAILED"]
+
+SLURM_ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
+                "SUSPENDED", "RESIZING", "STAGE_OUT", "SIGNALING", "PREEMPTED"}
+SLURM_FAILED = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
+                "REVOKED", "SPECIAL_EXIT"}
+LOG_TAIL = 20
+
+
+# =========================================================================== pure builders
+def accelerate_command(*, python: str, config_path: str, run_dir: str, nodes: int, gpus_per_node: int,
+                       machine_rank: int, main_ip: str, main_port: int, fsdp: bool,
+                       accelerate_config: str | None = None, mixed_precision: str = "no") -> list[str]:
+    """The ``accelerate launch`` argv that starts the training loop on one node of a job.
+
+    ``num_processes`` = nodes × gpus_per_node (accelerate counts all machines),
+    ``num_machines`` = nodes; ``--config_file`` is the FSDP config when ``fsdp`` (default
+    ``slurm/accelerate-fsdp.yaml``) or whatever ``launch.accelerate_config`` names.
+    """
+    argv = [python, "-m", "accelerate.commands.launch",
+            "--num_processes", str(nodes * gpus_per_node), "--num_machines", str(nodes),
+            "--machine_rank", str(machine_rank), "--main_process_ip", main_ip,
+            "--main_process_port", str(main_port), "--mixed_precision", mixed_precision]
+    cfg_file = accelerate_config or (str(Path(__file__).resolve().parent.parent / "slurm" / "accelerate-fsdp.yaml")
+                                     if fsdp else None)
+    if cfg_file:
+        argv += ["--config_file", cfg_file]
+    elif nodes * gpus_per_node > 1:
+        argv += ["--multi_gpu"]
+    if nodes > 1:
+        argv += ["--rdzv_backend", "static", "--same_network"]
+    return argv + ["-m", "dapo.train", config_path, "--run-dir", run_dir]
+
+
+def _mem(mem_gb: float) -> str:
+    return f"{int(mem_gb)}GB" if float(mem_gb).is_integer() else f"{int(mem_gb * 1024)}MB"
+
+
+def setup_lines(profile: ClusterProfile) -> list[str]:
+    """The profile's setup commands (each word quoted: a simple command, no shell operators) and env exports."""
+    lines = [" ".join(shlex.quote(w) for w in shlex.split(line)) for line in profile.setup]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in profile.env.items()]
+    return lines
+
+
+def sbatch_parameters(spec: Spec, profile: ClusterProfile) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for one job of ``spec`` on ``profile`` (pure)."""
+    r = spec.resources
+    p: dict[str, Any] = {
+        "job_name": f"dapo-{spec.name}", "comment": f"dapo-sweep.{spec.name}", "time": r.time_min,
+        "nodes": r.nodes, "ntasks_per_node": 1, "cpus_per_task": r.cpus_per_task, "mem": _mem(r.mem_gb),
+        "array_parallelism": min(spec.max_concurrent, profile.max_array_parallel),
+        "signal_delay_s": profile.signal_delay_s, "stderr_to_stdout": True, "setup": setup_lines(profile)}
+    if r.gpus_per_node:
+        p["gpus_per_node"] = r.gpus_per_node
+    for k in ("partition", "account", "qos", "constraint"):
+        if getattr(profile, k):
+            p[k] = getattr(profile, k)
+    return p
+
+
+def _python(profile: ClusterProfile) -> str:
+    return shlex.quote(profile.python or sys.executable)
+
+
+# =========================================================================== the job
+class RunJob(submitit.helpers.Checkpointable):
+    """One training run as a submitit job; requeued on preemption / time limit, bounded."""
+
+    def __init__(self, config: dict, run_dir: str, *, max_requeues: int, python: str | None = None):
+        self.config = config            # the resolved config as a plain dict (pickled to the job)
+        self.run_dir = run_dir
+        self.max_requeues = max_requeues
+        self.python = python
+
+    def __call__(self) -> dict | None:
+        run_dir = Path(self.run_dir)
+        done = run_dir / "summary.json"
+        if done.is_file():              # finished by an earlier job: reuse, never rerun
+            return json.loads(done.read_text())
+        cfg = build_config(self.config, f"{run_dir}/job config")
+        env = submitit.JobEnvironment()
+        world = cfg.launch.num_nodes * cfg.launch.num_processes
+        if env.global_rank == 0:
+            _write_json(run_dir / "job.json", {"job_id": env.job_id, "host": env.hostname,
+                                               "started": _now(), "world": world})
+        if world == 1:
+            from dapo.train import train
+            return train(cfg, run_dir, tags={"dapo.job_id": env.job_id})
+        config_path = run_dir / f".launch-config.node{env.node}.yaml"
+        import yaml
+        config_path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        cmd = accelerate_command(
+            python=self.python or sys.executable, config_path=str(config_path), run_dir=str(run_dir),
+            nodes=cfg.launch.num_nodes, gpus_per_node=cfg.launch.num_processes, machine_rank=env.node,
+            main_ip=env.hostnames[0], main_port=20000 + int(env.raw_job_id) % 20000, fsdp=cfg.launch.fsdp,
+            accelerate_config=cfg.launch.accelerate_config, mixed_precision=cfg.launch.mixed_precision)
+        print("[dapo] " + shlex.join(cmd), flush=True)
+        rc = subprocess.run(cmd).returncode
+        if rc != 0:
+            raise RuntimeError(f"accelerate launch exited with status {rc} (node {env.node}); the run resumes "
+                               f"from its last checkpoint when the sweep is resubmitted")
+        return json.loads(done.read_text()) if env.node == 0 and done.is_file() else None
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        """Preempted or out of time: requeue (the loop resumes from its checkpoint), at most max_requeues times."""
+        path = Path(self.run_dir) / "requeues.json"
+        n = (json.loads(path.read_text())["count"] if path.is_file() else 0) + 1
+        if n > self.max_requeues:
+            reason = (f"preempted or timed out {n} times; max_requeues = {self.max_requeues} reached. "
+                      f"The last checkpoint is kept: resubmit the sweep to continue.")
+            _write_json(Path(self.run_dir) / "failed.json", {"reason": reason, "time": _now()})
+            print(f"[dapo] giving up: {reason}", file=sys.stderr, flush=True)
+            return None
+        _write_json(path, {"count": n, "time": _now()})
+        print(f"[dapo] requeue {n}/{self.max_requeues}: the run resumes from its last checkpoint", flush=True)
+        return super().checkpoint(*args, **kwargs)
+
+
+# =========================================================================== records
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _records_path(output: Path, name: str) -> Path:
+    return output / "sweeps" / name / "submissions.json"
+
+
+def load_records(output: str | os.PathLike, name: str) -> dict:
+    """``<output>/sweeps/<name>/submissions.json`` (empty record if none)."""
+    p = _records_path(Path(output).resolve(), name)
+    return json.loads(p.read_text()) if p.is_file() else {"sweep": name, "submissions": []}
+
+
+def _latest_entries(records: dict) -> dict[str, tuple[dict, dict]]:
+    """run_id → (submission, job entry) of the newest submission that ran it."""
+    out: dict[str, tuple[dict, dict]] = {}
+    for sub in records["submissions"]:
+        for j in sub["jobs"]:
+            out[j["run_id"]] = (sub, j)
+    return out
+
+
+# =========================================================================== state
+def _sacct(job_ids: list[str]) -> dict[str, str]:
+    """job id → Slurm state (first word), from one sacct call; {} when sacct is unavailable."""
+    mains = sorted({j.split("_")[0] for j in job_ids if j})
+    if not mains:
+        return {}
+    cmd = ["sacct", "-o", "JobID,State", "--parsable2"] + [a for m in mains for a in ("-j", m)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    from submitit.slurm.slurm import SlurmInfoWatcher
+    info = SlurmInfoWatcher().read_info(out)
+    return {k: (v.get("State") or "UNKNOWN").split()[0] for k, v in info.items()}
+
+
+def _local_alive(pid: str | None, needle: str = "submitit") -> bool:
+    """A live (not zombie) process whose command line contains ``needle`` (pids get reused)."""
+    try:
+        cmd = Path(f"/proc/{int(pid)}/cmdline").read_bytes().decode(errors="replace")
+        stat = Path(f"/proc/{int(pid)}/stat").read_text().rsplit(") ", 1)[1].split()[0]
+    except (OSError, ValueError, TypeError, IndexError):
+        return False
+    return needle in cmd and stat not in ("Z", "X")
+
+
+def _log_path(sub: dict, job: dict) -> Path | None:
+    if not job.get("job_id"):
+        return None
+    from submitit.core.utils import JobPaths
+    return JobPaths(sub["folder"], job_id=str(job["job_id"]), task_id=0).stdout
+
+
+def _tail(path: Path | None, n: int = LOG_TAIL) -> str:
+    if path is None or not path.is_file():
+        return f"(no log at {path})" if path else "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+
+
+def _local_result(sub: dict, job: dict) -> str | None:
+    """'success' / 'error' from submitit's result pickle of a local job, else None."""
+    from submitit.core.utils import JobPaths, pickle_load
+    p = JobPaths(sub["folder"], job_id=str(job["job_id"]), task_id=0).result_pickle
+    try:
+        return pickle_load(p)[0] if p.is_file() else None
+    except Exception:  # noqa: BLE001 - a half-written pickle reads as "no result yet"
+        return None
+
+
+def _run_state(job: Job, entry: tuple[dict, dict] | None, slurm: dict[str, str]) -> dict[str, Any]:
+    """One status row: state, detail (Slurm state / reason), job id, requeues, progress, log."""
+    row: dict[str, Any] = {"arm": job.arm, "seed": job.seed, "run_id": job.run_id, "job_id": None,
+                           "state": "not submitted", "detail": "", "requeues": 0, "step": _progress(job),
+                           "log": None, "log_tail": None}
+    rq = job.run_dir / "requeues.json"
+    row["requeues"] = json.loads(rq.read_text())["count"] if rq.is_file() else 0
+    failed = job.run_dir / "failed.json"
+    if entry is not None:
+        sub, ent = entry
+        row["job_id"] = ent.get("job_id")
+        row["log"] = str(_log_path(sub, ent)) if ent.get("job_id") else None
+    if job.finished:
+        row["state"] = "done"
+        return row
+    if entry is None:
+        return row
+    sub, ent = entry
+    if sub["executor"] == "slurm":
+        st = slurm.get(str(ent["job_id"]), "")
+        row["detail"] = st or "not in sacct yet"
+        if st in ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED") or (st == "PENDING" and row["requeues"]):
+            row["state"] = "requeued"
+        elif st in ("PENDING", "") :
+            row["state"] = "pending"
+        elif st in SLURM_ACTIVE:
+            row["state"] = "running"
+        else:  # COMPLETED without summary.json, or a failure state
+            row["state"] = "failed"
+    else:
+        res = _local_result(sub, ent) if ent.get("job_id") else None
+        if not ent.get("job_id"):
+            row["state"], row["detail"] = ("pending", "queued locally") if _local_alive(sub.get("waiter_pid"), "") \
+                else ("failed", "never started (the submitting process ended)")
+        elif _local_alive(ent["job_id"]):
+            row["state"], row["detail"] = "running", f"pid {ent['job_id']}"
+        else:
+            row["state"] = "failed"
+            row["detail"] = {"error": "raised an exception", "success": "ended without summary.json"}.get(
+                res, "process ended without a result")
+    if failed.is_file() and row["state"] != "running":
+        row["state"], row["detail"] = "failed", json.loads(failed.read_text())["reason"]
+    if row["state"] == "failed":
+        row["log_tail"] = _tail(_log_path(sub, ent))
+    return row
+
+
+def _progress(job: Job) -> str:
+    ckpts = sorted((job.run_dir / "checkpoints").glob("step_*")) if (job.run_dir / "checkpoints").is_dir() else []
+    done = [p for p in ckpts if (p / "state.json").is_file()]
+    last = int(done[-1].name.split("_")[1]) if done else 0
+    return f"{last}/{job.config.train.rollout_steps}"
+
+
+def status(spec: Spec, output: str | os.PathLike = "runs", jobs: list[Job] | None = None) -> list[dict[str, Any]]:
+    """Per run of the sweep: state (pending / running / requeued / done / failed / not submitted) and more."""
+    out = Path(output).resolve()
+    jobs = jobs if jobs is not None else expand(spec, out)
+    latest = _latest_entries(load_records(out, spec.name))
+    slurm_ids = [str(e[1]["job_id"]) for e in latest.values() if e[0]["executor"] == "slurm" and e[1].get("job_id")]
+    slurm = _sacct(slurm_ids)
+    return [_run_state(j, latest.get(j.run_id), slurm) for j in jobs]
+
+
+# =========================================================================== submit / cancel
+def _init_tracking(jobs: list[Job]) -> None:
+    """Create the MLflow store and experiment once, before jobs race to do it."""
+    from dapo.tracking import default_tracking_uri
+    seen = set()
+    for j in jobs:
+        uri = j.config.logging.tracking_uri or default_tracking_uri(j.config.output_dir)
+        if (uri, j.config.logging.experiment) in seen:
+            continue
+        seen.add((uri, j.config.logging.experiment))
+        from mlflow.tracking import MlflowClient
+        client = MlflowClient(tracking_uri=uri)
+        if client.get_experiment_by_name(j.config.logging.experiment) is None:
+            try:
+                client.create_experiment(j.config.logging.experiment)
+            except Exception:  # noqa: BLE001 - created concurrently
+                pass
+
+
+def _make_job(spec: Spec, job: Job, profile: ClusterProfile) -> RunJob:
+    for stale in ("requeues.json", "failed.json"):   # a new submission gets a fresh requeue budget
+        (job.run_dir / stale).unlink(missing_ok=True)
+    return RunJob(to_dict(job.config), str(job.run_dir), max_requeues=spec.max_requeues, python=profile.python)
+
+
+def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "runs", *, dry_run: bool = False,
+           executor: str | None = None, log=print) -> dict[str, Any]:
+    """Submit the sweep's unfinished runs; returns the submission record (``dry_run``: nothing submitted).
+
+    Slurm: one job array, returns at once. Local: runs the jobs here, ``max_concurrent`` at a time,
+    and returns when all have ended.
+    """
+    executor = executor or profile.executor
+    check_resources(spec, profile)
+    if executor == "local" and spec.resources.gpus_per_node:
+        raise ConfigError(f"{spec.path}: resources.gpus_per_node = {spec.resources.gpus_per_node}: "
+                          f"the local executor runs CPU jobs only (one process per run)")
+    out = Path(output).resolve()
+    jobs = expand(spec, out)
+    rows = {r["run_id"]: r for r in status(spec, out, jobs)}
+    todo, skipped = [], []
+    for j in jobs:
+        st = rows[j.run_id]["state"]
+        if st == "done":
+            skipped.append({"run_id": j.run_id, "arm": j.arm, "seed": j.seed, "reason": "finished"})
+        elif st in ("pending", "running", "requeued"):
+            skipped.append({"run_id": j.run_id, "arm": j.arm, "seed": j.seed,
+                            "reason": f"still {st} as job {rows[j.run_id]['job_id']}"})
+        else:
+            todo.append(j)
+    params = sbatch_parameters(spec, profile)
+    record = {"id": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ"), "time": _now(),
+              "cluster": profile.name, "executor": executor, "spec": str(spec.path), "folder": None,
+              "array_job_id": None, "set": spec.extra_overrides, "jobs": [], "skipped": skipped}
+    for s in skipped:
+        log(f"skip {s['arm']} seed {s['seed']} ({s['run_id']}): {s['reason']}")
+    if dry_run:
+        from submitit.slurm.slurm import _make_sbatch_string
+        folder = out / "sweeps" / spec.name / "submitit" / "<timestamp>"
+        script = _make_sbatch_string(command=f"{_python(profile)} -u -m submitit.core._submit {shlex.quote(str(folder))}",
+                                     folder=folder, map_count=max(len(todo), 1), **params)
+        record["script"] = script
+        record["jobs"] = [{"run_id": j.run_id, "arm": j.arm, "seed": j.seed, "run_dir": str(j.run_dir),
+                           "job_id": None} for j in todo]
+        return record
+    if not todo:
+        log("nothing to submit: every run is finished or still queued")
+        return record
+    _init_tracking(todo)
+    folder = out / "sweeps" / spec.name / "submitit" / record["id"]
+    record["folder"] = str(folder)
+    path = _records_path(out, spec.name)
+    records = load_records(out, spec.name)
+    records["submissions"].append(record)
+    entries = [{"run_id": j.run_id, "arm": j.arm, "seed": j.seed, "run_dir": str(j.run_dir), "job_id": None}
+               for j in todo]
+    record["jobs"] = entries
+    if executor == "slurm":
+        ex = submitit.SlurmExecutor(folder, max_num_timeout=spec.max_requeues, python=_python(profile))
+        ex.update_parameters(**params)
+        with ex.batch():
+            sjobs = [ex.submit(_make_job(spec, j, profile)) for j in todo]
+        for e, sj in zip(entries, sjobs):
+            e["job_id"] = sj.job_id
+        record["array_job_id"] = sjobs[0].job_id.split("_")[0]
+        _write_json(path, records)
+        log(f"submitted {len(sjobs)} jobs as Slurm job {record['array_job_id']} (at most "
+            f"{params['array_parallelism']} at a time); logs in {folder}")
+        return record
+    record["waiter_pid"] = str(os.getpid())
+    _write_json(path, records)
+    _run_local(spec, profile, params, folder, todo, entries, lambda: _write_json(path, records), log)
+    return record
+
+
+def _run_local(spec, profile, params, folder, todo, entries, save, log) -> None:
+    """Run jobs with submitit's LocalExecutor, at most ``array_parallelism`` at once; wait for all."""
+    ex = submitit.LocalExecutor(folder, max_num_timeout=spec.max_requeues, python=_python(profile))
+    ex.update_parameters(timeout_min=spec.resources.time_min, setup=params["setup"],
+                         signal_delay_s=profile.signal_delay_s, stderr_to_stdout=True)
+    cap = params["array_parallelism"]
+    queue = list(zip(todo, entries))
+    running: list = []
+    try:
+        while queue or running:
+            while queue and len(running) < cap:
+                j, e = queue.pop(0)
+                sj = ex.submit(_make_job(spec, j, profile))
+                e["job_id"] = sj.job_id
+                save()
+                log(f"started {j.arm} seed {j.seed} ({j.run_id}) as local job {sj.job_id}")
+                running.append((j, sj))
+            time.sleep(0.5)
+            for j, sj in [r for r in running if r[1].done()]:
+                running.remove((j, sj))
+                log(f"ended {j.arm} seed {j.seed} ({j.run_id}): {'done' if j.finished else 'FAILED'}")
+    except KeyboardInterrupt:
+        for _, sj in running:
+            sj.cancel(check=False)
+        raise
+
+
+def cancel(spec: Spec, output: str | os.PathLike = "runs", log=print) -> list[str]:
+    """Cancel the sweep's unfinished jobs (scancel; local: signal the job's controller). Returns job ids."""
+    out = Path(output).resolve()
+    rows = status(spec, out)
+    latest = _latest_entries(load_records(out, spec.name))
+    slurm_ids, local_ids = [], []
+    for r in rows:
+        if r["state"] not in ("pending", "running", "requeued") or not r["job_id"]:
+            continue
+        (slurm_ids if latest[r["run_id"]][0]["executor"] == "slurm" else local_ids).append(str(r["job_id"]))
+    if slurm_ids:
+        proc = subprocess.run(["scancel", *slurm_ids], capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            raise RuntimeError(f"scancel {' '.join(slurm_ids)} failed: {proc.stderr.strip()}")
+    for pid in local_ids:
+        if _local_alive(pid):
+            os.kill(int(pid), 15)
+    log(f"cancelled {len(slurm_ids) + len(local_ids)} job(s): {' '.join(slurm_ids + local_ids) or '-'}")
+    return slurm_ids + local_ids

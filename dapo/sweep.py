@@ -1,0 +1,160 @@
+"""``dapo sweep``: expand, submit, watch and cancel an ablation sweep.
+
+    dapo sweep expand SPEC [--json] [--output DIR] [--cluster NAME]   the job table (arm, seed, run id, overrides)
+    dapo sweep submit SPEC --cluster NAME [--executor slurm|local] [--output DIR] [--dry-run]
+    dapo sweep status SPEC [--output DIR] [--json]   per run: pending / running / requeued / done / failed
+    dapo sweep cancel SPEC [--output DIR]            scancel the sweep's unfinished jobs
+
+The spec format and the expansion are in :mod:`dapo.sweep_spec`; submission through submitit
+(Slurm job array or LocalExecutor) in :mod:`dapo.launcher`. This module is the command line
+plus the names the analysis imports (``sweep_info``, ``expand``, ``load_spec``). ``expand``
+needs neither torch nor submitit, so it is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dapo.config import ConfigError, parse_overrides
+from dapo.sweep_spec import (Arm, ClusterProfile, Job, Spec, arms, check_resources, expand, load_profile,
+                             load_spec, sweep_info)
+
+__all__ = ["Arm", "ClusterProfile", "Job", "Spec", "arms", "check_resources", "expand", "load_profile",
+           "load_spec", "sweep_info", "main"]
+
+
+def _fmt_value(v) -> str:
+    return json.dumps(v) if not isinstance(v, str) else v
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _spec(args, *, from_records: bool = False) -> Spec:
+    extra = parse_overrides(args.set) if args.set else None
+    if extra is None and from_records:   # status/cancel: the --set of the latest submission
+        from dapo.launcher import load_records
+        probe = load_spec(args.spec)
+        subs = load_records(args.output, probe.name)["submissions"]
+        if subs and subs[-1].get("set"):
+            return load_spec(args.spec, subs[-1]["set"])
+        return probe
+    return load_spec(args.spec, extra)
+
+
+def cmd_expand(args) -> int:
+    spec = _spec(args)
+    if args.cluster:
+        check_resources(spec, load_profile(args.cluster))
+    jobs = expand(spec, args.output)
+    if args.json:
+        print(json.dumps([{"arm": j.arm, "label": j.label, "seed": j.seed, "run_id": j.run_id,
+                           "run_dir": str(j.run_dir), "finished": j.finished, "overrides": j.overrides}
+                          for j in jobs], indent=1))
+        return 0
+    n_arms = len(arms(spec))
+    print(f"sweep {spec.name} ({spec.kind}): {n_arms} arms x {len(spec.seeds)} seeds = {len(jobs)} jobs; "
+          f"base {spec.base}; {sum(j.finished for j in jobs)} finished")
+    rows = [[j.arm, j.seed, j.run_id, "done" if j.finished else "",
+             " ".join(f"{k}={_fmt_value(v)}" for k, v in j.overrides.items()) or "(base)"] for j in jobs]
+    print(_table(rows, ["arm", "seed", "run_id", "state", "overrides vs base"]))
+    return 0
+
+
+def cmd_submit(args) -> int:
+    from dapo import launcher
+    spec = _spec(args)
+    profile = load_profile(args.cluster)
+    rec = launcher.submit(spec, profile, args.output, dry_run=args.dry_run, executor=args.executor)
+    if args.dry_run:
+        print(f"dry run: {len(rec['jobs'])} job(s) would go to {profile.name} ({args.executor or profile.executor}); "
+              f"{len(rec['skipped'])} skipped")
+        for j in rec["jobs"]:
+            print(f"  {j['arm']:<24} seed {j['seed']:<3} {j['run_id']}  {j['run_dir']}")
+        print("\nsbatch script (one array; submitit writes the same):\n" + rec["script"])
+        return 0
+    if rec.get("executor") == "local" and rec["jobs"]:
+        return cmd_status(args)
+    return 0
+
+
+def cmd_status(args) -> int:
+    from dapo import launcher
+    spec = _spec(args, from_records=True)
+    rows = launcher.status(spec, args.output)
+    if getattr(args, "json", False):
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    print(f"sweep {spec.name}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    print(_table([[r["arm"], r["seed"], r["run_id"], r["state"], r["step"], r["requeues"], r["job_id"] or "-",
+                   r["detail"]] for r in rows],
+                 ["arm", "seed", "run_id", "state", "step", "requeues", "job", "detail"]))
+    for r in rows:
+        if r["state"] == "failed":
+            print(f"\n--- {r['arm']} seed {r['seed']} ({r['run_id']}) failed: {r['detail']}; "
+                  f"last lines of {r['log']}:\n{r['log_tail']}")
+    return 1 if counts.get("failed") else 0
+
+
+def cmd_cancel(args) -> int:
+    from dapo import launcher
+    launcher.cancel(_spec(args, from_records=True), args.output)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dapo sweep", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Spec format: see dapo/sweep_spec.py and slurm/README.md.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp):
+        sp.add_argument("spec", help="sweep spec YAML (see sweeps/)")
+        sp.add_argument("--output", default="runs", metavar="DIR",
+                        help="output root: runs in DIR/runs/<run_id>, records in DIR/sweeps/<name>/ (default: runs)")
+        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra dotted override for every job (added to base_overrides; repeatable)")
+
+    e = sub.add_parser("expand", help="print the job table (arm, seed, run id, overrides vs the base)")
+    common(e)
+    e.add_argument("--json", action="store_true", help="machine-readable output")
+    e.add_argument("--cluster", help="also check the resources against this cluster profile")
+    e.set_defaults(fn=cmd_expand)
+    s = sub.add_parser("submit", help="submit unfinished runs as one Slurm job array (or run them locally)")
+    common(s)
+    s.add_argument("--cluster", default="local",
+                   help="cluster profile: slurm/NAME.yaml or a path (default: local = this machine)")
+    s.add_argument("--executor", choices=["slurm", "local"],
+                   help="override the profile's executor (e.g. --cluster local --executor slurm for the local test Slurm)")
+    s.add_argument("--dry-run", action="store_true", help="validate and print the jobs and the sbatch script; submit nothing")
+    s.set_defaults(fn=cmd_submit)
+    st = sub.add_parser("status", help="per run: pending / running / requeued / done / failed (+ failed logs)")
+    common(st)
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.set_defaults(fn=cmd_status)
+    c = sub.add_parser("cancel", help="scancel the sweep's unfinished jobs")
+    common(c)
+    c.set_defaults(fn=cmd_cancel)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

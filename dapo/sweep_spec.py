@@ -1,0 +1,587 @@
+"""Sweep specs: one YAML file → validated arms → jobs (arm × seed), each a resolved Config.
+
+A spec names a base experiment, how its arms are built from toggles, the seeds, the
+metric the analysis reads and the resources one job needs::
+
+    name: table1                         # ^[A-Za-z0-9._-]+$; the MLflow experiment and dapo.sweep tag
+    base: experiments/paper-dapo-32b.yaml  # relative to the repo root or to this file
+    base_overrides: {train.rollout_steps: 300}   # dotted keys, applied to every arm
+    kind: ladder                         # ladder | one_at_a_time | leave_one_out | grid
+    baseline: {name: grpo, label: naive GRPO, overrides: {...}, paper: 30}
+    techniques:                          # ordered
+      - {name: overlong_filter, label: + overlong filtering, overrides: {algo.overlong.filter: true}, paper: 36}
+    grid: {algo.clip.eps_high: [0.2, 0.28]}       # kind grid only: the product of the values
+    paper: {arm_name: 41.0}              # optional paper value per arm (grid; or any kind)
+    seeds: [0, 1, 2]
+    metric: eval/aime24/avg_at_32        # primary eval metric of the analysis
+    final_k: 3                           # final value = mean of the last final_k evaluations
+    resources: {nodes: 16, gpus_per_node: 8, cpus_per_task: 96, mem_gb: 1000, time_min: 10080}
+    max_concurrent: 4                    # jobs of the array running at once
+    max_requeues: 3                      # preemptions / time limits survived per job
+
+Arms by kind (T1..Tn the techniques, B the baseline overrides):
+
+- ``ladder``         B, B+T1, B+T1+T2, ... (Table 1: each row adds one technique)
+- ``one_at_a_time``  B, B+T1, B+T2, ... (each technique alone on the baseline)
+- ``leave_one_out``  full = T1+...+Tn on the base; ``no_<Ti>`` = full with Ti's keys set back
+                     to their values in ``baseline.overrides`` (which must name every such key)
+- ``grid``           one arm per element of the product of ``grid`` values
+
+A job's config is base + base_overrides + the arm's overrides + ``train.seed``, with
+``logging.sweep``/``logging.experiment`` = the spec name, ``logging.arm`` = the arm name and
+``output_dir`` = the output root. Its run id is :func:`dapo.config.config_hash` of that config
+(which leaves out ``logging.*``, ``output_dir`` and ``name``), so the same run named by two
+sweeps is one run, in ``<output root>/runs/<run_id>``.
+
+Loading validates everything (keys, types, ranges, duplicate arms, resources) and raises one
+:class:`~dapo.config.ConfigError` naming the file and the key. Pure: no I/O beyond reading
+the spec and its base experiment; imports neither torch nor submitit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dapo.config import (Config, ConfigError, apply_overrides, build_config, config_hash, field_docs,
+                         flatten, read_yaml, to_dict)
+
+__all__ = ["KINDS", "NAME_RE", "Technique", "Resources", "Spec", "Arm", "Job", "ClusterProfile",
+           "load_spec", "arms", "expand", "sweep_info", "load_profile", "check_resources",
+           "check_name", "REPO_ROOT"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("ladder", "one_at_a_time", "leave_one_out", "grid")
+NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+# Keys the launcher sets itself; a spec may not override them.
+RESERVED_KEYS = ("train.seed", "logging.sweep", "logging.arm", "logging.experiment", "output_dir")
+
+
+def check_name(value: Any, key: str, where: str) -> str:
+    """A name that reaches a job script or a path: ``^[A-Za-z0-9._-]+$`` (no spaces, quotes, ``;``, ``$``)."""
+    if not isinstance(value, str) or not NAME_RE.match(value) or value in (".", ".."):
+        raise ConfigError(f"{where}: {key} = {value!r}: expected a name matching {NAME_RE.pattern}")
+    return value
+
+
+# =========================================================================== the spec
+@dataclass(frozen=True)
+class Technique:
+    """One toggle (or the baseline / the full recipe): its dotted overrides and paper value."""
+    name: str
+    label: str
+    overrides: dict[str, Any]
+    paper: float | None = None
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one job of the sweep asks Slurm for."""
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 2
+    mem_gb: float = 4.0
+    time_min: int = 60
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A validated sweep spec (see the module docstring for the file format)."""
+    path: Path
+    name: str
+    base: Path
+    kind: str
+    base_overrides: dict[str, Any]
+    techniques: tuple[Technique, ...]
+    baseline: Technique | None
+    full: Technique | None
+    grid: tuple[tuple[str, tuple[Any, ...]], ...]
+    paper: dict[str, float | None]
+    seeds: tuple[int, ...]
+    metric: str
+    final_k: int
+    resources: Resources
+    max_concurrent: int
+    max_requeues: int
+    description: str = ""
+    extra_overrides: dict[str, Any] = field(default_factory=dict)   # from --set (already in base_overrides)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: the dotted overrides it applies on top of base + base_overrides."""
+    name: str
+    label: str
+    overrides: dict[str, Any]
+    paper: float | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of the sweep: an arm at one seed."""
+    arm: str
+    label: str
+    seed: int
+    run_id: str
+    run_dir: Path
+    overrides: dict[str, Any]     # resolved values that differ from the base (train.seed aside)
+    config: Config
+
+    @property
+    def finished(self) -> bool:
+        """A finished run (its summary.json exists) is reused, never run again."""
+        return (self.run_dir / "summary.json").is_file()
+
+
+_TOP_KEYS = {"name", "description", "base", "base_overrides", "kind", "techniques", "baseline", "full",
+             "grid", "paper", "seeds", "metric", "final_k", "resources", "max_concurrent", "max_requeues"}
+_TECH_KEYS = {"name", "label", "overrides", "paper"}
+
+
+def _leaf_keys() -> tuple[set[str], set[str]]:
+    leaves = {k for k, _, _ in field_docs()}
+    sections = {k.rsplit(".", i)[0] for k in leaves for i in range(1, k.count(".") + 1)}
+    return leaves, sections
+
+
+_LEAVES, _SECTIONS = _leaf_keys()
+
+
+def _int(v: Any, key: str, where: str, lo: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
+        raise ConfigError(f"{where}: {key} = {v!r}: expected an integer" + (f" >= {lo}" if lo is not None else ""))
+    return v
+
+
+def _num(v: Any, key: str, where: str, allow_none: bool = False) -> float | None:
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ConfigError(f"{where}: {key} = {v!r}: expected a number" + (" or null" if allow_none else ""))
+    return float(v)
+
+
+def _str(v: Any, key: str, where: str) -> str:
+    if not isinstance(v, str) or not v.strip() or "\n" in v:
+        raise ConfigError(f"{where}: {key} = {v!r}: expected a non-empty one-line string")
+    return v
+
+
+def _mapping(v: Any, key: str, where: str) -> dict:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ConfigError(f"{where}: {key} = {v!r}: expected a mapping")
+    return v
+
+
+def _overrides(v: Any, key: str, where: str) -> dict[str, Any]:
+    """Dotted overrides: every key names a config field (a section's mapping is flattened)."""
+    out: dict[str, Any] = {}
+    for k, val in _mapping(v, key, where).items():
+        if not isinstance(k, str):
+            raise ConfigError(f"{where}: {key}: key {k!r} is not a dotted config key")
+        if k in _SECTIONS and isinstance(val, dict):        # algo.clip: {eps_high: 0.2} → algo.clip.eps_high
+            out.update(_overrides({f"{k}.{kk}": vv for kk, vv in val.items()}, key, where))
+            continue
+        for r in RESERVED_KEYS:
+            if k == r or (r == "output_dir" and k.startswith("output_dir")):
+                what = "seeds" if r == "train.seed" else "the launcher (spec name / arm name / --output)"
+                raise ConfigError(f"{where}: {key}: {k!r} is set by {what}; remove it")
+        apply_overrides({}, {k: val}, where=f"{where}: {key}")  # unknown key → error listing valid ones
+        out[k] = val
+    return out
+
+
+def _technique(v: Any, key: str, where: str, *, need_name: bool = True, default_name: str = "") -> Technique:
+    v = _mapping(v, key, where)
+    bad = set(v) - _TECH_KEYS
+    if bad:
+        raise ConfigError(f"{where}: unknown key {key}.{sorted(bad)[0]!s}; allowed: {', '.join(sorted(_TECH_KEYS))}")
+    if need_name and "name" not in v:
+        raise ConfigError(f"{where}: {key}.name is missing")
+    name = check_name(v.get("name", default_name), f"{key}.name", where)
+    label = _str(v.get("label", name), f"{key}.label", where)
+    return Technique(name, label, _overrides(v.get("overrides"), f"{key}.overrides", where),
+                     _num(v.get("paper"), f"{key}.paper", where, allow_none=True))
+
+
+def _resolve_base(base: Any, spec_path: Path) -> Path:
+    base = _str(base, "base", str(spec_path))
+    for root in (REPO_ROOT, spec_path.parent, Path.cwd()):
+        p = (root / base).resolve()
+        if p.is_file():
+            return p
+    raise ConfigError(f"{spec_path}: base = {base!r}: no such experiment file "
+                      f"(looked relative to the repo root {REPO_ROOT} and to the spec's folder)")
+
+
+def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = None) -> Spec:
+    """Read and validate a sweep spec; every arm's config is built and checked.
+
+    ``extra_overrides`` (dotted; e.g. from ``--set``) are added to ``base_overrides``.
+    Raises :class:`ConfigError` naming the file and the key.
+    """
+    path = Path(path)
+    where = str(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such sweep spec")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    unknown = set(raw) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(_TOP_KEYS))}")
+    for k in ("name", "base", "kind", "seeds", "metric"):
+        if k not in raw:
+            raise ConfigError(f"{where}: {k} is missing")
+    name = check_name(raw["name"], "name", where)
+    kind = raw["kind"]
+    if kind not in KINDS:
+        raise ConfigError(f"{where}: kind = {kind!r}: expected one of {', '.join(KINDS)}")
+    base = _resolve_base(raw["base"], path)
+    base_overrides = _overrides(raw.get("base_overrides"), "base_overrides", where)
+    if extra_overrides:
+        base_overrides.update(_overrides(extra_overrides, "--set", where))
+
+    techniques: tuple[Technique, ...] = ()
+    baseline = full = None
+    grid: tuple = ()
+    if kind == "grid":
+        for k in ("techniques", "baseline", "full"):
+            if k in raw:
+                raise ConfigError(f"{where}: {k}: not used by kind grid (use grid: {{key: [values]}})")
+        g = _mapping(raw.get("grid"), "grid", where)
+        if not g:
+            raise ConfigError(f"{where}: grid is empty: give at least one key with a list of values")
+        for k, vals in g.items():
+            if not isinstance(k, str) or k in _SECTIONS:
+                raise ConfigError(f"{where}: grid.{k}: a grid key must name a single config field")
+            _overrides({k: None}, "grid", where)  # a known, non-reserved key
+            if not isinstance(vals, list) or not vals:
+                raise ConfigError(f"{where}: grid.{k} = {vals!r}: expected a non-empty list of values")
+            if len({json.dumps(v, sort_keys=True) for v in vals}) != len(vals):
+                raise ConfigError(f"{where}: grid.{k} = {vals!r}: values repeat")
+        grid = tuple((k, tuple(v)) for k, v in g.items())
+    else:
+        if "grid" in raw:
+            raise ConfigError(f"{where}: grid: only used by kind grid (this spec is {kind})")
+        ts = raw.get("techniques")
+        if not isinstance(ts, list) or not ts:
+            raise ConfigError(f"{where}: techniques = {ts!r}: expected a non-empty list of "
+                              f"{{name, label, overrides, paper}}")
+        techniques = tuple(_technique(t, f"techniques[{i}]", where) for i, t in enumerate(ts))
+        for i, t in enumerate(techniques):
+            if not t.overrides:
+                raise ConfigError(f"{where}: techniques[{i}] ({t.name}).overrides is empty")
+        names = [t.name for t in techniques]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            raise ConfigError(f"{where}: techniques: the name {dup!r} is used twice")
+        if "baseline" not in raw:
+            raise ConfigError(f"{where}: baseline is missing (kind {kind} needs {{label, overrides, paper}})")
+        baseline = _technique(raw["baseline"], "baseline", where, need_name=False, default_name="baseline")
+        if kind == "leave_one_out":
+            full = _technique(raw.get("full") or {}, "full", where, need_name=False, default_name="full")
+            if full.overrides:
+                raise ConfigError(f"{where}: full.overrides: the full recipe is base + every technique; "
+                                  f"put extra keys in base_overrides")
+            for i, t in enumerate(techniques):
+                missing = [k for k in t.overrides if k not in baseline.overrides]
+                if missing:
+                    raise ConfigError(f"{where}: techniques[{i}] ({t.name}).overrides.{missing[0]}: leave_one_out "
+                                      f"reverts it to baseline.overrides, which does not set it")
+        elif "full" in raw:
+            raise ConfigError(f"{where}: full: only used by kind leave_one_out")
+
+    paper = {}
+    for k, v in _mapping(raw.get("paper"), "paper", where).items():
+        paper[check_name(k, "paper (arm name)", where)] = _num(v, f"paper.{k}", where, allow_none=True)
+    seeds = raw["seeds"]
+    if not isinstance(seeds, list) or not seeds:
+        raise ConfigError(f"{where}: seeds = {seeds!r}: expected a non-empty list of integers")
+    seeds = tuple(_int(s, f"seeds[{i}]", where, lo=0) for i, s in enumerate(seeds))
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{where}: seeds = {list(seeds)}: a seed repeats")
+    metric = _str(raw["metric"], "metric", where)
+    final_k = _int(raw.get("final_k", 3), "final_k", where, lo=1)
+    res = _mapping(raw.get("resources"), "resources", where)
+    rkeys = {f.name for f in Resources.__dataclass_fields__.values()}
+    if set(res) - rkeys:
+        raise ConfigError(f"{where}: unknown key resources.{sorted(set(res) - rkeys)[0]}; "
+                          f"allowed: {', '.join(sorted(rkeys))}")
+    d = Resources()
+    resources = Resources(
+        nodes=_int(res.get("nodes", d.nodes), "resources.nodes", where, lo=1),
+        gpus_per_node=_int(res.get("gpus_per_node", d.gpus_per_node), "resources.gpus_per_node", where, lo=0),
+        cpus_per_task=_int(res.get("cpus_per_task", d.cpus_per_task), "resources.cpus_per_task", where, lo=1),
+        mem_gb=_num(res.get("mem_gb", d.mem_gb), "resources.mem_gb", where),
+        time_min=_int(res.get("time_min", d.time_min), "resources.time_min", where, lo=1))
+    if resources.mem_gb <= 0:
+        raise ConfigError(f"{where}: resources.mem_gb = {resources.mem_gb}: must be > 0")
+    if resources.gpus_per_node == 0 and resources.nodes != 1:
+        raise ConfigError(f"{where}: resources.nodes = {resources.nodes}: CPU jobs (gpus_per_node 0) run on one node")
+    spec = Spec(path=path, name=name, base=base, kind=kind, base_overrides=base_overrides,
+                techniques=techniques, baseline=baseline, full=full, grid=grid, paper=paper, seeds=seeds,
+                metric=metric, final_k=final_k, resources=resources,
+                max_concurrent=_int(raw.get("max_concurrent", 1), "max_concurrent", where, lo=1),
+                max_requeues=_int(raw.get("max_requeues", 3), "max_requeues", where, lo=0),
+                description=str(raw.get("description", "")), extra_overrides=dict(extra_overrides or {}))
+    unknown_paper = set(paper) - {a.name for a in arms(spec)}
+    if unknown_paper:
+        raise ConfigError(f"{where}: paper.{sorted(unknown_paper)[0]}: no such arm "
+                          f"(arms: {', '.join(a.name for a in arms(spec))})")
+    _check_arms(spec)
+    return spec
+
+
+# =========================================================================== arms and jobs
+def _grid_arm_names(grid) -> list[str]:
+    def fmt(v: Any) -> str:
+        s = json.dumps(v) if not isinstance(v, str) else v
+        return re.sub(r"[^A-Za-z0-9.-]+", "_", s).strip("_") or "x"
+    short = [k.rsplit(".", 1)[-1] for k, _ in grid]
+    keys = short if len(set(short)) == len(short) else [k for k, _ in grid]
+    names = []
+    for combo in itertools.product(*(vals for _, vals in grid)):
+        names.append("__".join(f"{k}-{fmt(v)}" for k, v in zip(keys, combo)))
+    return names
+
+
+def arms(spec: Spec) -> list[Arm]:
+    """The spec's arms, in order (ladder: row order)."""
+    out: list[Arm] = []
+    if spec.kind == "grid":
+        combos = list(itertools.product(*(vals for _, vals in spec.grid)))
+        for name, combo in zip(_grid_arm_names(spec.grid), combos):
+            ov = {k: v for (k, _), v in zip(spec.grid, combo)}
+            label = ", ".join(f"{k}={v}" for k, v in ov.items())
+            out.append(Arm(name, label, ov, spec.paper.get(name)))
+        return out
+    b, ts = spec.baseline, spec.techniques
+    if spec.kind == "ladder":
+        ov = dict(b.overrides)
+        out.append(Arm(b.name, b.label, dict(ov), b.paper))
+        for t in ts:
+            ov.update(t.overrides)
+            out.append(Arm(t.name, t.label, dict(ov), t.paper))
+    elif spec.kind == "one_at_a_time":
+        out.append(Arm(b.name, b.label, dict(b.overrides), b.paper))
+        out += [Arm(t.name, t.label, {**b.overrides, **t.overrides}, t.paper) for t in ts]
+    else:  # leave_one_out
+        full = {k: v for t in ts for k, v in t.overrides.items()}
+        out.append(Arm(spec.full.name, spec.full.label, dict(full), spec.full.paper))
+        for t in ts:
+            out.append(Arm(f"no_{t.name}", t.label,
+                           {**full, **{k: b.overrides[k] for k in t.overrides}}, t.paper))
+    # a top-level `paper:` mapping fills in (or sets) arm values
+    return [Arm(a.name, a.label, a.overrides, spec.paper.get(a.name, a.paper)) for a in out]
+
+
+def _base_data(spec: Spec) -> dict:
+    return apply_overrides(read_yaml(spec.base), spec.base_overrides, where=f"{spec.path}: base_overrides")
+
+
+def _arm_config(spec: Spec, base: dict, arm: Arm, seed: int, output: str) -> Config:
+    where = f"{spec.path}: arm {arm.name!r} (seed {seed})"
+    data = apply_overrides(base, arm.overrides, where=where)
+    data = apply_overrides(data, {"train.seed": seed, "logging.sweep": spec.name, "logging.arm": arm.name,
+                                  "logging.experiment": spec.name, "output_dir": output}, where=where)
+    return build_config(data, where)
+
+
+def _check_arms(spec: Spec) -> None:
+    """Every arm builds; no two arms resolve to the same config; resources match the launch."""
+    base = _base_data(spec)
+    seen: dict[str, str] = {}
+    for arm in arms(spec):
+        cfg = _arm_config(spec, base, arm, spec.seeds[0], "runs")
+        h = config_hash(cfg)
+        if h in seen:
+            raise ConfigError(f"{spec.path}: arms {seen[h]!r} and {arm.name!r} resolve to the same config "
+                              f"(run id {h}); an arm must change something")
+        seen[h] = arm.name
+        r, launch = spec.resources, cfg.launch
+        want = (r.nodes, r.gpus_per_node) if r.gpus_per_node else (1, 1)
+        if (launch.num_nodes, launch.num_processes) != want:
+            raise ConfigError(
+                f"{spec.path}: resources (nodes {r.nodes} × gpus_per_node {r.gpus_per_node}) do not match arm "
+                f"{arm.name!r}'s launch.num_nodes = {launch.num_nodes}, launch.num_processes = "
+                f"{launch.num_processes} (expected {want[0]} and {want[1]})")
+
+
+def _diff(cfg: Config, base: Config) -> dict[str, Any]:
+    skip = ("logging.", "output_dir", "name", "train.seed")
+    a, b = flatten(to_dict(cfg)), flatten(to_dict(base))
+    return {k: v for k, v in a.items() if b.get(k) != v and not k.startswith(skip)}
+
+
+def expand(spec: Spec | str | os.PathLike, output: str | os.PathLike = "runs") -> list[Job]:
+    """All jobs of a sweep (arm-major, then seed), with run ids and run directories.
+
+    ``output`` is the output root (default ``runs/``): run ``r`` lives in ``<output>/runs/r``.
+    """
+    if not isinstance(spec, Spec):
+        spec = load_spec(spec)
+    out_root = Path(output).resolve()
+    base = _base_data(spec)
+    base_cfg = build_config(base, f"{spec.base}")
+    jobs = []
+    for arm in arms(spec):
+        for seed in spec.seeds:
+            cfg = _arm_config(spec, base, arm, seed, str(out_root))
+            rid = config_hash(cfg)
+            jobs.append(Job(arm=arm.name, label=arm.label, seed=seed, run_id=rid, run_dir=out_root / "runs" / rid,
+                            overrides=_diff(cfg, base_cfg), config=cfg))
+    return jobs
+
+
+def sweep_info(spec: Spec | str | os.PathLike) -> dict:
+    """What the analysis needs: ``{name, kind, metric, final_k, arms: [{name, label, overrides, paper}]}``."""
+    if not isinstance(spec, Spec):
+        spec = load_spec(spec)
+    return {"name": spec.name, "kind": spec.kind, "metric": spec.metric, "final_k": spec.final_k,
+            "arms": [{"name": a.name, "label": a.label, "overrides": dict(a.overrides), "paper": a.paper}
+                     for a in arms(spec)]}
+
+
+# =========================================================================== cluster profiles
+@dataclass(frozen=True)
+class ClusterProfile:
+    """A cluster profile (``slurm/<name>.yaml``): where jobs go and what a job may ask for."""
+    name: str
+    path: Path | None
+    executor: str = "slurm"                   # slurm | local (submitit's LocalExecutor)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    max_nodes: int = 1
+    max_gpus_per_node: int = 0
+    max_cpus_per_task: int = 2
+    max_mem_gb: float = 4.0
+    max_time_min: int = 60
+    max_array_parallel: int = 2
+    setup: tuple[str, ...] = ()
+    python: str | None = None                 # the job's python (None: the submitting interpreter)
+    env: dict[str, str] = field(default_factory=dict)
+    signal_delay_s: int = 120
+
+
+_PROFILE_KEYS = {"name", "description", "executor", "partition", "account", "qos", "constraint", "limits",
+                 "max_array_parallel", "setup", "python", "env", "signal_delay_s"}
+_LIMIT_KEYS = {"nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "time_min"}
+_CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9._,&|\[\]*:-]+$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _local_default() -> dict:
+    """The embedded default profile: this machine, through submitit's LocalExecutor."""
+    mem = 4.0
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    except (ValueError, OSError, AttributeError):
+        pass
+    n = os.cpu_count() or 1
+    return {"name": "local", "executor": "local", "partition": "local", "max_array_parallel": max(1, n // 2),
+            "limits": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": n, "mem_gb": round(mem, 1),
+                       "time_min": 7 * 24 * 60}}
+
+
+def load_profile(name: str | os.PathLike) -> ClusterProfile:
+    """``--cluster NAME`` → ``slurm/NAME.yaml`` (repo root, then cwd) or a path to a YAML file.
+
+    ``local`` without a file falls back to an embedded default (this machine, LocalExecutor).
+    Every value that reaches a job script is checked here.
+    """
+    text = str(name)
+    if text.endswith((".yaml", ".yml")) or os.sep in text:
+        path: Path | None = Path(text)
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such cluster profile")
+    else:
+        check_name(text, "--cluster", "command line")
+        cands = [REPO_ROOT / "slurm" / f"{text}.yaml", Path.cwd() / "slurm" / f"{text}.yaml"]
+        path = next((p for p in cands if p.is_file()), None)
+        if path is None and text != "local":
+            have = sorted(p.stem for p in (REPO_ROOT / "slurm").glob("*.yaml") if p.stem != "accelerate-fsdp")
+            raise ConfigError(f"--cluster {text}: no profile slurm/{text}.yaml (profiles: {', '.join(have)})")
+    if path is None:
+        raw, where = _local_default(), "<embedded local profile>"
+    else:
+        where = str(path)
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+    unknown = set(raw) - _PROFILE_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(_PROFILE_KEYS))}")
+    executor = raw.get("executor", "slurm")
+    if executor not in ("slurm", "local"):
+        raise ConfigError(f"{where}: executor = {executor!r}: expected slurm or local")
+    opt = {k: (check_name(raw[k], k, where) if raw.get(k) is not None else None)
+           for k in ("partition", "account", "qos")}
+    constraint = raw.get("constraint")
+    if constraint is not None and (not isinstance(constraint, str) or not _CONSTRAINT_RE.match(constraint)):
+        raise ConfigError(f"{where}: constraint = {constraint!r}: expected {_CONSTRAINT_RE.pattern}")
+    lim = _mapping(raw.get("limits"), "limits", where)
+    if set(lim) - _LIMIT_KEYS:
+        raise ConfigError(f"{where}: unknown key limits.{sorted(set(lim) - _LIMIT_KEYS)[0]}; "
+                          f"allowed: {', '.join(sorted(_LIMIT_KEYS))}")
+    for k in _LIMIT_KEYS:
+        if k not in lim:
+            raise ConfigError(f"{where}: limits.{k} is missing")
+    setup = raw.get("setup") or []
+    if not isinstance(setup, list) or not all(isinstance(s, str) for s in setup):
+        raise ConfigError(f"{where}: setup = {setup!r}: expected a list of strings (one command each)")
+    for i, line in enumerate(setup):
+        if any(c in line for c in "\n\r\0") or not line.strip():
+            raise ConfigError(f"{where}: setup[{i}] = {line!r}: expected one non-empty line")
+    env = _mapping(raw.get("env"), "env", where)
+    for k, v in env.items():
+        if not isinstance(k, str) or not _ENV_RE.match(k):
+            raise ConfigError(f"{where}: env: {k!r} is not a valid variable name ({_ENV_RE.pattern})")
+        if not isinstance(v, (str, int, float)) or isinstance(v, bool) or "\0" in str(v):
+            raise ConfigError(f"{where}: env.{k} = {v!r}: expected a string or a number")
+    python = raw.get("python")
+    if python is not None and (not isinstance(python, str) or any(c in python for c in "\n\r\0") or not python):
+        raise ConfigError(f"{where}: python = {python!r}: expected the path of a python interpreter")
+    pname = raw.get("name", path.stem if path else "local")
+    return ClusterProfile(
+        name=check_name(pname, "name", where), path=path, executor=executor, constraint=constraint, **opt,
+        max_nodes=_int(lim["nodes"], "limits.nodes", where, lo=1),
+        max_gpus_per_node=_int(lim["gpus_per_node"], "limits.gpus_per_node", where, lo=0),
+        max_cpus_per_task=_int(lim["cpus_per_task"], "limits.cpus_per_task", where, lo=1),
+        max_mem_gb=_num(lim["mem_gb"], "limits.mem_gb", where),
+        max_time_min=_int(lim["time_min"], "limits.time_min", where, lo=1),
+        max_array_parallel=_int(raw.get("max_array_parallel", 1), "max_array_parallel", where, lo=1),
+        setup=tuple(setup), python=python, env={k: str(v) for k, v in env.items()},
+        signal_delay_s=_int(raw.get("signal_delay_s", 120), "signal_delay_s", where, lo=1))
+
+
+def check_resources(spec: Spec, profile: ClusterProfile) -> None:
+    """Raise ConfigError if one job asks for more than the profile allows (names spec, key and limit)."""
+    r, p = spec.resources, profile
+    pairs = [("nodes", r.nodes, p.max_nodes), ("gpus_per_node", r.gpus_per_node, p.max_gpus_per_node),
+             ("cpus_per_task", r.cpus_per_task, p.max_cpus_per_task), ("mem_gb", r.mem_gb, p.max_mem_gb),
+             ("time_min", r.time_min, p.max_time_min)]
+    for key, want, limit in pairs:
+        if want > limit:
+            raise ConfigError(f"{spec.path}: resources.{key} = {want}: cluster profile {p.name!r} "
+                              f"({p.path or 'embedded'}) allows at most {limit}")
+    if p.executor == "local" and r.nodes > 1:
+        raise ConfigError(f"{spec.path}: resources.nodes = {r.nodes}: the local executor runs one node")

@@ -1,0 +1,464 @@
+"""Analysis: MLflow → tidy table → stats → figures / Table 1 / report, on runs with known values.
+
+The fixture writes a real MLflow store (sqlite) the way the training loop does: one run per
+(arm, seed), dapo.* tags, flattened params + config.yaml, metrics at step = grad_step with
+progress/rollout_step and progress/grad_step beside them. Sweep "tiny" is a 3-row ladder:
+
+    grpo   (eps_high 0.2,  seq_mean_token_mean)   seed finals 0.1 0.2 0.3    paper 30
+    clip   (eps_high 0.28, seq_mean_token_mean)   seed finals 0.3 0.35 0.4  paper 38
+    token  (eps_high 0.28, token_mean)            seed finals 0.5 0.5 0.5   paper None
+
+Grad steps 0..9, two per rollout step (rollout_step = ceil(g / 2)); evaluations at grad
+steps 0, 3, 6, 9 (value 0 at step 0, the seed's final at 3, 6, 9, so the mean of the last
+3 evaluations is exactly that final); wall clock 60 s per grad step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pandas.testing as pdt
+import pytest
+
+from analysis.runs import (ArmInfo, SweepInfo, TIDY_COLUMNS, infer_sweep_info, load_runs, load_snapshot,
+                           normalize_tidy, primary_metric, read_meta, snapshot)
+from analysis.stats import bootstrap_ci, run_finals, seed_band
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEP = "tiny"
+FINALS = {"grpo": [0.1, 0.2, 0.3], "clip": [0.3, 0.35, 0.4], "token": [0.5, 0.5, 0.5]}
+ARM_CFG = {
+    "grpo": {"eps_high": 0.2, "loss_agg": "seq_mean_token_mean"},
+    "clip": {"eps_high": 0.28, "loss_agg": "seq_mean_token_mean"},
+    "token": {"eps_high": 0.28, "loss_agg": "token_mean"},
+}
+LABELS = {"grpo": "naive GRPO", "clip": "+ clip-higher", "token": "+ token-level loss"}
+PAPER = {"grpo": 30.0, "clip": 38.0, "token": None}
+EVAL_STEPS = [0, 3, 6, 9]
+T0 = 1_700_000_000_000  # ms
+
+
+def _config(arm: str, seed: int) -> dict:
+    c = ARM_CFG[arm]
+    return {"name": f"{arm}-{seed}", "output_dir": f"runs/{arm}/{seed}",
+            "algo": {"clip": {"eps_low": 0.2, "eps_high": c["eps_high"]}, "loss_agg": c["loss_agg"],
+                     "overlong": {"filter": False, "soft_punish": False},
+                     "dynamic_sampling": {"enabled": False}},
+            "train": {"seed": seed, "lr": 1e-6}, "logging": {"sweep": SWEEP, "arm": arm}}
+
+
+def entropy(arm: str, seed: int, g: int) -> float:
+    return 1.0 - 0.01 * g + 0.001 * seed + (0.2 if arm != "grpo" else 0.0)
+
+
+def _flat(d, p=""):
+    out = {}
+    for k, v in d.items():
+        key = f"{p}.{k}" if p else k
+        out.update(_flat(v, key) if isinstance(v, dict) else {key: v})
+    return out
+
+
+def _log_run(client, exp_id, arm, seed, *, with_artifact=True, status="finished", shift=0.0,
+             start=T0, relog=False):
+    import yaml
+    from mlflow.entities import Metric, Param
+    run = client.create_run(exp_id, start_time=start, tags={
+        "dapo.sweep": SWEEP, "dapo.arm": arm, "dapo.seed": str(seed), "dapo.run_id": f"{arm}-{seed}-hash",
+        "dapo.git_commit": "abc123", "dapo.status": status})
+    rid = run.info.run_id
+    cfg = _config(arm, seed)
+    client.log_batch(rid, params=[Param(k, str(v)) for k, v in _flat(cfg).items()])
+    if with_artifact:
+        client.log_text(rid, yaml.safe_dump(cfg), "config.yaml")
+    ms = []
+    for g in range(10):
+        ts = start + g * 60_000
+        pt = {"progress/grad_step": g, "progress/rollout_step": (g + 1) // 2}
+        if g >= 1:
+            pt.update({"train/entropy": entropy(arm, seed, g) + shift,
+                       "train/up_clipped_prob_mean": 0.1 + (0.1 if arm != "grpo" else 0.0),
+                       "train/token_prob_mean": 0.8, "rollout/response_len_mean": 100.0 + 10 * g,
+                       "rollout/reward_mean": -0.5 + 0.05 * g, "sampling/all_correct_frac": 0.01 * g,
+                       "train/grad_norm": float("nan") if g == 5 else 0.5})
+        if g in EVAL_STEPS:
+            f = 0.0 if g == 0 else FINALS[arm][seed] + shift
+            pt.update({"eval/arith/avg_at_8": f, "eval/arith/pass_at_8": min(1.0, 2 * f),
+                       "eval/arith/cons_at_8": f * 1.1})
+        ms += [Metric(k, float(v), ts, g) for k, v in pt.items()]
+    if relog:  # a resumed run re-logs step 9's entropy later: the last value wins
+        ms.append(Metric("train/entropy", 123.0, start + 5_000, 9))
+        ms.append(Metric("train/entropy", entropy(arm, seed, 9), start + 10 * 60_000, 9))
+    for i in range(0, len(ms), 200):
+        client.log_batch(rid, metrics=ms[i:i + 200])
+    client.set_terminated(rid, "FINISHED" if status == "finished" else "RUNNING")
+    return rid
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A sqlite MLflow store with the 'tiny' sweep: 9 kept runs + 1 superseded restart."""
+    from mlflow.tracking import MlflowClient
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root / 'mlruns.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment(SWEEP, artifact_location=str(root / "artifacts"))
+    # An earlier, crashed attempt of grpo/seed 0 (same dapo.run_id): must be dropped.
+    _log_run(client, exp, "grpo", 0, status="running", shift=5.0, start=T0 - 3_600_000)
+    ids = {}
+    for arm in ARM_CFG:
+        for seed in range(3):
+            ids[arm, seed] = _log_run(client, exp, arm, seed, with_artifact=(arm, seed) != ("clip", 2),
+                                      relog=(arm, seed) == ("token", 1))
+    return uri, ids
+
+
+@pytest.fixture(scope="module")
+def loaded(store):
+    uri, _ = store
+    return load_runs(uri, SWEEP)
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    return SweepInfo(name=SWEEP, kind="ladder", metric="eval/arith/avg_at_8", final_k=3, arms=tuple(
+        ArmInfo(name=a, label=LABELS[a], overrides={"algo.clip.eps_high": ARM_CFG[a]["eps_high"]},
+                paper=PAPER[a]) for a in ARM_CFG))
+
+
+# --------------------------------------------------------------------------- runs
+def test_load_runs_tidy_table(store, loaded):
+    _, ids = store
+    tidy, configs = loaded
+    assert list(tidy.columns) == TIDY_COLUMNS
+    assert tidy["run"].nunique() == 9 and set(configs) == set(ids.values())  # the crashed attempt is gone
+    assert tidy.dtypes["seed"] == np.int64 and tidy.dtypes["grad_step"] == np.int64
+    assert str(tidy.dtypes["rollout_step"]) == "Int64" and tidy.dtypes["value"] == np.float64
+    assert not tidy["metric"].str.startswith("progress/").any()
+    assert sorted(tidy["metric"].unique()) == sorted([
+        "eval/arith/avg_at_8", "eval/arith/cons_at_8", "eval/arith/pass_at_8", "rollout/response_len_mean",
+        "rollout/reward_mean", "sampling/all_correct_frac", "train/entropy", "train/grad_norm",
+        "train/token_prob_mean", "train/up_clipped_prob_mean"])
+    r = tidy[(tidy["run"] == ids["clip", 1])]
+    assert set(r[["run_id", "sweep", "arm", "seed"]].itertuples(index=False, name=None)) == {
+        ("clip-1-hash", SWEEP, "clip", 1)}
+    ev = r[r["metric"] == "eval/arith/avg_at_8"].sort_values("grad_step")
+    assert ev["grad_step"].tolist() == EVAL_STEPS
+    assert ev["rollout_step"].tolist() == [0, 2, 3, 5]            # ceil(g / 2)
+    assert ev["value"].tolist() == [0.0, 0.35, 0.35, 0.35]
+    assert ev["time"].tolist() == [0.0, 180.0, 360.0, 540.0]      # seconds since run start
+    ent = r[r["metric"] == "train/entropy"].sort_values("grad_step")
+    assert ent["grad_step"].tolist() == list(range(1, 10))
+    np.testing.assert_array_equal(ent["value"], [entropy("clip", 1, g) for g in range(1, 10)])
+    # grad_norm NaN at step 5 comes back as NaN
+    gn = r[r["metric"] == "train/grad_norm"].set_index("grad_step")["value"]
+    assert math.isnan(gn[5]) and gn[4] == 0.5
+    # re-logged point: the later value wins, once
+    t = tidy[(tidy["run"] == ids["token", 1]) & (tidy["metric"] == "train/entropy") & (tidy["grad_step"] == 9)]
+    assert t["value"].tolist() == [entropy("token", 1, 9)]
+
+
+def test_configs_from_artifact_and_params(store, loaded):
+    _, ids = store
+    _, configs = loaded
+    assert configs[ids["clip", 1]] == _config("clip", 1)                # config.yaml artifact
+    c = configs[ids["clip", 2]]                                          # no artifact: params, typed
+    assert c["algo"]["clip"]["eps_high"] == 0.28 and c["algo"]["overlong"]["filter"] is False
+    assert c["algo"]["loss_agg"] == "seq_mean_token_mean" and c["train"]["seed"] == 2
+
+
+def test_bulk_sql_path_equals_client_path(store, loaded, monkeypatch):
+    import analysis.runs as runs
+    uri, _ = store
+    monkeypatch.setattr(runs, "_bulk_sql_metrics", lambda *a, **k: None)
+    slow, slow_cfg = runs.load_runs(uri, SWEEP)
+    pdt.assert_frame_equal(slow, loaded[0])
+    assert slow_cfg == loaded[1]
+
+
+def test_infer_sweep_info_from_tags(loaded):
+    tidy, configs = loaded
+    s = infer_sweep_info(tidy, configs, SWEEP)
+    assert [a.name for a in s.arms] == ["grpo", "clip", "token"]
+    assert s.kind == "ladder" and s.metric == "eval/arith/avg_at_8" == primary_metric(tidy)
+    assert s.arms[1].overrides == {"algo.clip.eps_high": 0.28, "algo.loss_agg": "seq_mean_token_mean"}
+    assert all(a.paper is None for a in s.arms)
+
+
+def test_snapshot_round_trip(loaded, sweep, tmp_path):
+    tidy, configs = loaded
+    d = snapshot(tidy, configs, sweep, tmp_path / "results" / SWEEP / "snapshot",
+                 command="dapo figures --sweep tiny", commit="deadbeef", tracking_uri="sqlite:///x.db")
+    assert sorted(p.name for p in d.iterdir()) == ["configs.json", "meta.json", "runs.parquet", "sweep.json"]
+    tidy2, configs2, sweep2 = load_snapshot(d)
+    pdt.assert_frame_equal(tidy2, tidy, check_dtype=True, check_exact=True)
+    assert configs2 == configs and sweep2 == sweep
+    meta = read_meta(d)
+    assert meta["command"] == "dapo figures --sweep tiny" and meta["commit"] == "deadbeef"
+    assert meta["mlflow_uri"] == "sqlite:///x.db" and meta["created"] and meta["n_runs"] == 9
+
+
+# --------------------------------------------------------------------------- stats
+def test_bootstrap_ci_by_hand():
+    mean, lo, hi = bootstrap_ci([0.1, 0.2, 0.3], n_boot=10000, seed=0)
+    assert mean == pytest.approx(0.2, abs=1e-15)
+    assert 0.1 - 1e-12 <= lo <= mean <= hi <= 0.3 + 1e-12
+    # Direct recomputation: resample 3 of 3 with replacement, 10 000 times, percentiles 2.5 / 97.5.
+    v = np.array([0.1, 0.2, 0.3])
+    boots = v[np.random.default_rng(0).integers(0, 3, size=(10000, 3))].mean(axis=1)
+    assert (lo, hi) == tuple(np.percentile(boots, [2.5, 97.5]))
+    # a tighter alpha widens nothing, a looser one narrows: 50% interval strictly inside
+    _, lo50, hi50 = bootstrap_ci(v, alpha=0.5)
+    assert lo <= lo50 < 0.2 < hi50 <= hi
+    assert bootstrap_ci([0.7]) == (0.7, 0.7, 0.7)
+    assert all(math.isnan(x) for x in bootstrap_ci([]))
+    assert bootstrap_ci([0.1, np.nan, 0.3])[0] == pytest.approx(0.2)      # NaN dropped
+
+
+def test_seed_band_matches_bootstrap_ci(loaded):
+    tidy, _ = loaded
+    band = seed_band(tidy, "train/entropy")
+    assert list(band.columns) == ["arm", "grad_step", "mean", "lo", "hi", "n"]
+    assert len(band) == 3 * 9 and (band["n"] == 3).all()
+    for arm in ARM_CFG:
+        for g in (1, 5, 9):
+            vals = [entropy(arm, s, g) for s in range(3)]
+            row = band[(band["arm"] == arm) & (band["grad_step"] == g)].iloc[0]
+            m, lo, hi = bootstrap_ci(vals)
+            np.testing.assert_allclose([row["mean"], row["lo"], row["hi"]], [m, lo, hi], rtol=1e-12, atol=1e-15)
+    # one seed: the band collapses onto the mean
+    one = seed_band(tidy[tidy["seed"] == 0], "train/entropy")
+    assert (one["lo"] == one["mean"]).all() and (one["hi"] == one["mean"]).all()
+    # rollout steps: two grad steps per rollout step are averaged per run first
+    rb = seed_band(tidy, "train/entropy", x="rollout_step")
+    r = rb[(rb["arm"] == "grpo") & (rb["rollout_step"] == 2)].iloc[0]
+    assert r["mean"] == pytest.approx(np.mean([entropy("grpo", s, g) for s in range(3) for g in (3, 4)]))
+
+
+def test_seed_band_with_missing_seeds_matches_bootstrap_ci():
+    rows = []
+    for seed, vals in enumerate([[1.0, 2.0, 3.0], [2.0, np.nan, 5.0], [4.0, 4.5, np.nan]]):
+        for x, v in enumerate(vals):
+            if not np.isnan(v):
+                rows.append(dict(run=f"r{seed}", run_id="h", sweep="s", arm="a", seed=seed,
+                                 rollout_step=x, grad_step=x, time=0.0, metric="m", value=v))
+    band = seed_band(normalize_tidy(pd.DataFrame(rows)), "m").set_index("grad_step")
+    for x, vals in enumerate([[1, 2, 4], [2, 4.5], [3, 5]]):
+        np.testing.assert_allclose(band.loc[x, ["mean", "lo", "hi"]].to_numpy(float), bootstrap_ci(vals),
+                                   rtol=1e-12)
+        assert band.loc[x, "n"] == len(vals)
+
+
+# --------------------------------------------------------------------------- tables
+def test_table1(loaded, sweep):
+    from analysis.tables import table1, format_table1, to_markdown, to_latex
+    tidy, _ = loaded
+    t = table1(tidy, sweep, final_k=3)
+    assert t["arm"].tolist() == ["grpo", "clip", "token"]
+    assert t["label"].tolist() == [LABELS[a] for a in ARM_CFG]
+    g = t.set_index("arm").loc["grpo"]
+    _, lo, hi = bootstrap_ci([0.1, 0.2, 0.3])
+    assert g["ours"] == pytest.approx(20.0) and g["ci_lo"] == pytest.approx(100 * lo)
+    assert g["ci_hi"] == pytest.approx(100 * hi) and g["n_seeds"] == 3
+    assert g["paper"] == 30.0 and g["diff"] == pytest.approx(-10.0)
+    assert g["grad_steps"] == 9 and g["rollout_steps"] == 5 and g["wall_min"] == pytest.approx(9.0)
+    c = t.set_index("arm").loc["clip"]
+    assert c["ours"] == pytest.approx(35.0) and c["diff"] == pytest.approx(-3.0)
+    k = t.set_index("arm").loc["token"]
+    assert k["ours"] == pytest.approx(50.0) and k["ci_lo"] == pytest.approx(50.0) and k["ci_hi"] == pytest.approx(50.0)
+    assert math.isnan(k["paper"]) and math.isnan(k["diff"])
+    # final_k=1: the last evaluation only (same here by construction); per-run finals
+    f = run_finals(tidy, "eval/arith/avg_at_8", 3)
+    assert sorted(f[f["arm"] == "clip"]["final"].round(12)) == [0.3, 0.35, 0.4]
+    md = to_markdown(format_table1(t))
+    assert "| naive GRPO" in md and "20.0 [" in md and "−10.0" not in md and "-10.0" in md
+    assert md.count("\n") == 2 + 3
+    tex = to_latex(format_table1(t), caption="x_y")
+    assert r"\toprule" in tex and r"naive GRPO" in tex and r"x\_y" in tex and r"\%" in tex
+
+
+def test_compare_table(loaded):
+    from analysis.tables import compare_table
+    tidy, _ = loaded
+    c = compare_table(tidy, "grpo", "clip", final_k=3).set_index("metric")
+    assert set(c.index) == set(tidy["metric"].unique())
+    assert c.loc["eval/arith/avg_at_8", "grpo"] == pytest.approx(20.0)
+    assert c.loc["eval/arith/avg_at_8", "clip"] == pytest.approx(35.0)
+    assert c.loc["eval/arith/avg_at_8", "diff"] == pytest.approx(15.0)
+    assert c.loc["eval/arith/avg_at_8", "unit"] == "%"
+    want = np.mean([np.mean([entropy("clip", s, g) for g in (7, 8, 9)]) for s in range(3)])
+    assert c.loc["train/entropy", "clip"] == pytest.approx(want) and c.loc["train/entropy", "unit"] == ""
+
+
+# --------------------------------------------------------------------------- figures
+def _labels(ax):
+    return [ln.get_label() for ln in ax.get_lines()]
+
+
+def _legend(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_figures_lines_and_axes(loaded, sweep):
+    from analysis import figures as F
+    tidy, configs = loaded
+    f1 = F.fig1(tidy, sweep, configs=configs)
+    ax = f1.axes[0]
+    assert _labels(ax) == ["avg@8", "pass@8", "cons@8"] == _legend(ax)
+    assert ax.get_xlabel() == "gradient step" and ax.get_ylabel() == "accuracy (%)"
+    assert "token-level loss" in ax.get_title("left")                # ladder: the last row is the DAPO arm
+    assert f1._suptitle.get_text().startswith("Fig. 1 (mini):")
+    ys = ax.get_lines()[0].get_ydata()
+    assert ys[-1] == pytest.approx(50.0)                          # plotted in %
+
+    f2 = F.fig2(tidy, sweep, configs=configs)
+    a, b = f2.axes
+    assert _labels(a) == _labels(b) == ["naive GRPO", "+ clip-higher"] == _legend(a)
+    assert a.get_ylabel() == "avg@8 (%)" and b.get_ylabel() == "entropy (nats/token)"
+    assert a.get_xlabel() == b.get_xlabel() == "gradient step"
+    assert f2._suptitle.get_text().startswith("Fig. 2 (mini):") and "Clip-Higher" in f2._suptitle.get_text()
+    np.testing.assert_allclose(b.get_lines()[0].get_ydata(), [np.mean([entropy("grpo", s, g) for s in range(3)])
+                                                            for g in range(1, 10)])
+    f3 = F.fig3(tidy, sweep, configs=configs)
+    assert [_labels(ax) for ax in f3.axes] == [["naive GRPO", "+ clip-higher"]] * 2
+    assert f3.axes[1].get_ylabel() == "prompts with accuracy 1 (%)"
+    f4 = F.fig4(tidy, sweep, configs=configs)
+    assert [_labels(ax) for ax in f4.axes] == [["+ clip-higher", "+ token-level loss"]] * 2
+    assert [ax.get_ylabel() for ax in f4.axes] == ["entropy (nats/token)", "response length (tokens)"]
+    assert F.fig5(tidy, sweep, configs=configs) is None              # no arm toggles overlong filtering
+    assert F.fig6(tidy, sweep, configs=configs) is None              # nor dynamic sampling
+    f7 = F.fig7(tidy, sweep, configs=configs)
+    assert [ax.get_ylabel() for ax in f7.axes if ax.get_visible()] == [
+        "response length (tokens)", "mean reward", "entropy (nats/token)", "mean token probability"]
+    assert all(_labels(ax) == ["+ token-level loss"] for ax in f7.axes)
+    # one colour per arm, everywhere
+    col = lambda fig, ax_i, label: next(ln.get_color() for ln in fig.axes[ax_i].get_lines() if ln.get_label() == label)
+    assert col(f2, 0, "+ clip-higher") == col(f3, 0, "+ clip-higher") == col(f4, 1, "+ clip-higher")
+    assert col(f4, 0, "+ token-level loss") == col(f7, 2, "+ token-level loss")
+    assert col(f2, 0, "naive GRPO") != col(f2, 0, "+ clip-higher")
+    # rollout steps on x
+    f2r = F.fig2(tidy, sweep, x="rollout_step", configs=configs)
+    assert f2r.axes[1].get_xlabel() == "rollout step"
+    assert list(f2r.axes[1].get_lines()[0].get_xdata()) == [1, 2, 3, 4, 5]
+
+
+def test_figures_without_configs_use_overrides(loaded, sweep):
+    """Only the sweep file (no resolved configs): toggles come from the arms' overrides."""
+    from analysis import figures as F
+    tidy, _ = loaded
+    s = SweepInfo(name=SWEEP, kind="ladder", arms=tuple(
+        ArmInfo(a, LABELS[a], {"algo.clip.eps_high": ARM_CFG[a]["eps_high"], "algo.clip.eps_low": 0.2,
+                               "algo.loss_agg": ARM_CFG[a]["loss_agg"]}) for a in ARM_CFG))
+    assert _labels(F.fig2(tidy, s).axes[0]) == ["naive GRPO", "+ clip-higher"]
+    assert _labels(F.fig4(tidy, s).axes[0]) == ["+ clip-higher", "+ token-level loss"]
+
+
+def _toy(arms: dict[str, dict]) -> tuple[pd.DataFrame, dict]:
+    rows, configs = [], {}
+    for i, (arm, flat) in enumerate(arms.items()):
+        run = f"run{i}"
+        configs[run] = {"algo": {"clip": {"eps_low": 0.2, "eps_high": flat.get("clip", 0.2)},
+                                 "loss_agg": "token_mean" if flat.get("token") else "seq_mean_token_mean",
+                                 "overlong": {"filter": bool(flat.get("filter")), "soft_punish": bool(flat.get("soft"))},
+                                 "dynamic_sampling": {"enabled": bool(flat.get("ds"))}},
+                        "train": {"lr": flat.get("lr", 1e-6)}}
+        rows.append(dict(run=run, run_id=run, sweep="s", arm=arm, seed=0, rollout_step=0, grad_step=0,
+                         time=0.0, metric="train/entropy", value=1.0))
+    return normalize_tidy(pd.DataFrame(rows)), configs
+
+
+@pytest.mark.parametrize("kind,arms,toggle,want", [
+    ("leave_one_out",
+     {"dapo": dict(clip=0.28, token=1, ds=1, soft=1), "no_clip": dict(token=1, ds=1, soft=1),
+      "no_token": dict(clip=0.28, ds=1, soft=1), "no_ds": dict(clip=0.28, token=1, soft=1)},
+     "clip_higher", ("no_clip", "dapo")),
+    ("leave_one_out",
+     {"dapo": dict(clip=0.28, token=1, ds=1, soft=1), "no_clip": dict(token=1, ds=1, soft=1),
+      "no_token": dict(clip=0.28, ds=1, soft=1), "no_ds": dict(clip=0.28, token=1, soft=1)},
+     "dynamic_sampling", ("no_ds", "dapo")),
+    ("one_at_a_time",
+     {"grpo": {}, "clip": dict(clip=0.28), "token": dict(token=1), "ds": dict(ds=1)},
+     "token_loss", ("grpo", "token")),
+    ("ladder",
+     {"grpo": {}, "filter": dict(filter=1), "clip": dict(filter=1, clip=0.28),
+      "soft": dict(filter=1, clip=0.28, soft=1)},
+     "overlong_filter", ("grpo", "filter")),
+    ("grid",  # only a pair that also differs in lr: chosen, flagged as not exact
+     {"a": dict(lr=1e-6), "b": dict(clip=0.28, lr=2e-6)}, "clip_higher", ("a", "b")),
+    ("grid", {"a": {}, "b": dict(token=1)}, "dynamic_sampling", None),
+])
+def test_find_pair(kind, arms, toggle, want):
+    from analysis.figures import find_pair
+    tidy, configs = _toy(arms)
+    s = SweepInfo(name="s", kind=kind, arms=tuple(ArmInfo(a) for a in arms))
+    p = find_pair(toggle, tidy, s, configs)
+    if want is None:
+        assert p is None
+        return
+    assert (p.off.name, p.on.name) == want
+    assert p.exact == (kind != "grid")
+    if kind == "grid":
+        assert p.other_keys == ("train.lr",) and "train.lr" in p.describe()
+
+
+# --------------------------------------------------------------------------- report + CLI
+def test_write_report(loaded, sweep, tmp_path):
+    from analysis.report import write_report
+    tidy, configs = loaded
+    out = tmp_path / "report"
+    paths = write_report(tidy, configs, sweep, out, final_k=3, reading="Clip-Higher keeps entropy up.")
+    names = {p.relative_to(out).as_posix() for p in paths}
+    drawn = ["fig1", "fig2", "fig3", "fig4", "fig7"]
+    assert {f"figures/{f}.{e}" for f in drawn for e in ("png", "pdf")} <= names
+    assert {"table1.md", "table1.csv", "table1.tex", "compare.md", "report.md", "reading.md"} <= names
+    assert all(p.exists() and p.stat().st_size > 0 for p in paths)
+    report = (out / "report.md").read_text()
+    for f in drawn:
+        assert f"](figures/{f}.png)" in report and f"(figures/{f}.pdf)" in report
+    assert "Fig. 5" in report and "Fig. 6" in report and report.count("Not drawn:") == 2
+    assert "overlong filtering" in report and "naive GRPO" in report
+    assert "## Reading\n\nClip-Higher keeps entropy up." in report
+    csv = pd.read_csv(out / "table1.csv")
+    assert csv["ours"].round(6).tolist() == [20.0, 35.0, 50.0]
+    compare = (out / "compare.md").read_text()
+    assert "Clip-Higher" in compare and "token-level loss" in compare
+    # regenerated without a reading: reading.md is kept and embedded
+    paths = write_report(tidy, configs, sweep, out, formats=("png",))
+    assert out / "reading.md" not in paths
+    assert "Clip-Higher keeps entropy up." in (out / "report.md").read_text()
+    assert (out / "reading.md").read_text().strip() == "Clip-Higher keeps entropy up."
+
+
+def test_cli_from_mlflow_without_torch_then_from_snapshot(store, tmp_path):
+    """`main` reads MLflow and writes a snapshot + report without importing torch or vllm
+    (checked in a fresh interpreter); then regenerates from the snapshot alone."""
+    from analysis.report import main
+    uri, _ = store
+    out = tmp_path / "res"
+    code = textwrap.dedent(f"""
+        import sys
+        from analysis import runs, stats, figures, tables, report
+        from bench import bench_analysis
+        assert report.main(["--tracking-uri", {uri!r}, "--sweep", {SWEEP!r}, "--out", {str(out)!r}]) == 0
+        bad = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "vllm"))
+        assert not bad, bad
+        print("clean")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "clean" in r.stdout, r.stderr[-3000:]
+    assert (out / "snapshot" / "runs.parquet").exists() and (out / "report.md").exists()
+    meta = json.loads((out / "snapshot" / "meta.json").read_text())
+    assert meta["mlflow_uri"] == uri and "--sweep tiny" in meta["command"]
+    out2 = tmp_path / "res2"
+    assert main(["--from-snapshot", str(out / "snapshot"), "--out", str(out2), "--x", "rollout_step",
+                 "--final-k", "2"]) == 0
+    assert (out2 / "figures" / "fig2.png").exists() and "rollout step" in (out2 / "report.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["--sweep", SWEEP, "--tracking-uri", uri, "--x", "wall"])

@@ -1,0 +1,135 @@
+"""Config: typed, frozen, validated with errors that name file, key, value and what is allowed."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dapo.config import (Config, ConfigError, apply_overrides, build_config, config_hash, field_docs,
+                         flatten, load_config, parse_overrides, to_dict)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_import_config_does_not_import_torch():
+    code = "import dapo.config, sys; assert 'torch' not in sys.modules and 'vllm' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_defaults_are_the_dapo_recipe_and_frozen():
+    cfg = load_config()
+    assert (cfg.algo.clip.eps_low, cfg.algo.clip.eps_high) == (0.2, 0.28)
+    assert cfg.algo.loss_agg == "token_mean" and cfg.algo.kl.coef == 0.0
+    assert cfg.algo.dynamic_sampling.enabled and cfg.algo.overlong.soft_punish
+    assert cfg.grad_steps_per_rollout == 512 // 32
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.algo.clip.eps_high = 0.3  # type: ignore[misc]
+
+
+def test_dotted_overrides_with_yaml_values():
+    cfg = load_config(None, ["algo.clip.eps_high=0.3", "algo.dynamic_sampling.enabled=false",
+                             "eval.datasets=[aime24, {name: math500, limit: 10}]", "train.betas=[0.9, 0.95]"])
+    assert cfg.algo.clip.eps_high == 0.3 and cfg.algo.dynamic_sampling.enabled is False
+    assert [d.name for d in cfg.eval.datasets] == ["aime24", "math500"] and cfg.eval.datasets[1].limit == 10
+    assert cfg.train.betas == (0.9, 0.95)
+    assert parse_overrides(["a.b=1", "c=x", "d=[1, 2]"]) == {"a.b": 1, "c": "x", "d": [1, 2]}
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("algo.clip.eps_hgh=0.3", "unknown key 'algo.clip.eps_hgh'; keys under 'algo.clip': algo.clip.dual_clip_c"),
+    ("rollout.n=many", "rollout.n = 'many': expected int"),
+    ("algo.loss_agg=mean", "algo.loss_agg = 'mean': expected one of 'token_mean'"),
+    ("algo.clip.eps_high=0.1", "algo.clip.eps_high = 0.1: must be >= algo.clip.eps_low (0.2)"),
+    ("algo.overlong.cache_len=30000", "algo.overlong.cache_len = 30000: must be in (0, algo.overlong.max_len = 20480]"),
+    ("train.batch_prompts=100", "train.batch_prompts = 100: must be divisible by train.mini_batch_prompts (32)"),
+    ("train.lr=-1", "train.lr = -1.0: must be > 0"),
+    ("algo.dynamic_sampling.enabled=maybe", "expected bool"),
+    ("eval.top_p=0", "eval.top_p = 0.0: must be in (0, 1]"),
+    ("train.micro_batch_seqs=7", "train.micro_batch_seqs = 7: must divide the sequences per mini-batch"),
+    ("algo.clip.dual_clip_c=0.5", "algo.clip.dual_clip_c = 0.5: must be > 1 or null"),
+])
+def test_bad_values_raise_one_clear_error(override, needle):
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, [override])
+    assert needle in str(exc.value)
+
+
+def test_bad_files_name_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo:\n  clip: {eps_high: [1}\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_config(bad)
+    bad.write_text("algo:\n  clip:\n    eps_higher: 0.3\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: unknown key 'algo.clip.eps_higher'"):
+        load_config(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="bad.yaml: the top level must be a mapping"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="missing.yaml: no such experiment file"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config(None, ["algo.clip.eps_high"])
+
+
+def test_inherit_merges_and_detects_cycles(tmp_path):
+    (tmp_path / "a.yaml").write_text("name: a\nalgo: {clip: {eps_high: 0.3}}\ntrain: {lr: 0.001}\n")
+    (tmp_path / "b.yaml").write_text("inherit: a.yaml\nname: b\nalgo: {clip: {eps_low: 0.1}}\n")
+    cfg = load_config(tmp_path / "b.yaml")
+    assert (cfg.name, cfg.algo.clip.eps_low, cfg.algo.clip.eps_high, cfg.train.lr) == ("b", 0.1, 0.3, 0.001)
+    (tmp_path / "c.yaml").write_text("inherit: d.yaml\n")
+    (tmp_path / "d.yaml").write_text("inherit: c.yaml\n")
+    with pytest.raises(ConfigError, match="inherit cycle"):
+        load_config(tmp_path / "c.yaml")
+
+
+def test_validation_has_no_side_effects(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    load_config(REPO / "experiments" / "paper-dapo-32b.yaml", ["output_dir=somewhere"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_round_trip_and_hash():
+    cfg = load_config(None, ["algo.clip.eps_high=0.3"])
+    again = build_config(to_dict(cfg))
+    assert again == cfg and config_hash(again) == config_hash(cfg)
+    assert config_hash(load_config(None, ["logging.arm=x"])) == config_hash(load_config())  # tags only
+    assert config_hash(load_config(None, ["train.seed=1"])) != config_hash(load_config())
+    flat = flatten(to_dict(cfg))
+    assert flat["algo.clip.eps_high"] == 0.3
+    assert apply_overrides({}, {"train.seed": 3}) == {"train": {"seed": 3}}
+
+
+def test_every_field_has_a_doc():
+    rows = field_docs()
+    assert len(rows) > 60
+    assert all(doc for _, _, doc in rows), [k for k, _, d in rows if not d]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_experiment_loads(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, Config)
+
+
+def test_paper_experiment_has_the_paper_hyperparameters():
+    cfg = load_config(REPO / "experiments" / "paper-dapo-32b.yaml")
+    assert cfg.train.lr == 1e-6 and cfg.train.weight_decay == 0.1 and cfg.train.grad_clip == 1.0
+    assert cfg.rollout.n == 16 and cfg.rollout.max_new_tokens == 20480 and cfg.train.batch_prompts == 512
+    assert cfg.grad_steps_per_rollout == 16
+    assert (cfg.algo.overlong.max_len, cfg.algo.overlong.cache_len) == (20480, 4096)
+    assert (cfg.eval.k, cfg.eval.temperature, cfg.eval.top_p) == (32, 1.0, 0.7)
+    grpo = load_config(REPO / "experiments" / "paper-grpo-32b.yaml")
+    assert grpo.algo.clip.eps_high == 0.2 and grpo.algo.loss_agg == "seq_mean_token_mean"
+    assert not grpo.algo.dynamic_sampling.enabled and not grpo.algo.overlong.soft_punish
+
+
+def test_cli_help_and_config_errors():
+    out = subprocess.run([sys.executable, "-m", "dapo.cli", "--help"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and "train" in out.stdout and "sweep" in out.stdout and "figures" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "dapo.cli", "config", "experiments/tiny-dapo.yaml",
+                          "algo.clip.eps_high=0.1"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2 and "algo.clip.eps_high = 0.1" in out.stderr

@@ -1,0 +1,229 @@
+"""The arithmetic mini task (dapo.minitask) and its base-model builder (dapo.base_model)."""
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+
+from dapo import minitask
+from dapo.minitask import (
+    eval_problems,
+    eval_prompts,
+    evaluate_left_to_right,
+    iter_problems,
+    make_problem,
+    make_split,
+)
+from dapo.rewards import dapo_score
+
+PROMPT_RE = re.compile(r"^\d+([-+*]\d+)+=$")
+
+
+def _train_sample(n: int = 3000, **kw) -> list[dict]:
+    return make_split("train", n, minitask.TRAIN_SEED, **kw)
+
+
+# --------------------------------------------------------------------------- generator
+
+
+def test_make_problem_hand_example():
+    # the format of one 3-operation problem: "a?b?c?d=" / three steps / "Answer: n"
+    rng = random.Random(0)
+    prompt, solution, answer = make_problem(rng, 3, 12)
+    assert PROMPT_RE.match(prompt)
+    steps, answer_line = solution.split("\n")
+    assert answer_line == f"Answer: {answer}"
+    assert len(steps.split(" ")) == 3  # one "a<op>b=c." step per operation
+
+
+def test_solution_steps_are_left_to_right_and_correct():
+    # 7*3-5: 7*3 = 21, then 21-5 = 16 (the module doc's example), recomputed here by hand
+    assert evaluate_left_to_right("7*3-5=") == 16
+    assert evaluate_left_to_right("3-5+7=") == 5  # 3-5 = -2, -2+7 = 5
+    for p in _train_sample(2000) + eval_problems():
+        value = None
+        for step in p["solution"].split("\n")[0].split(" "):
+            m = re.fullmatch(r"(-?\d+)([-+*])(\d+)=(-?\d+)\.", step)
+            assert m, (p, step)
+            a, op, b, c = int(m[1]), m[2], int(m[3]), int(m[4])
+            assert value is None or a == value  # each step starts from the last result
+            assert c == {"+": a + b, "-": a - b, "*": a * b}[op]
+            value = c
+        assert str(value) == p["answer"] == str(evaluate_left_to_right(p["prompt"]))
+        # '*' only before '+'/'-': left to right equals the usual precedence
+        assert PROMPT_RE.match(p["prompt"])  # digits and +-* only, so eval is safe
+        assert eval(p["prompt"][:-1]) == int(p["answer"])  # noqa: S307
+
+
+def test_same_seed_same_problems_other_seed_other_problems():
+    a = [next(it) for it in [iter_problems(5)] for _ in range(50)]
+    b = [next(it) for it in [iter_problems(5)] for _ in range(50)]
+    c = [next(it) for it in [iter_problems(6)] for _ in range(50)]
+    assert a == b
+    assert a != c
+    assert make_split("train", 100, 3) == make_split("train", 100, 3)
+    assert eval_problems() == eval_problems()
+
+
+def test_n_ops_and_operand_range_respected():
+    for p in _train_sample(1000, n_ops=(2, 4), operand_max=7):
+        assert 2 <= p["n_ops"] <= 4
+        nums = [int(x) for x in re.findall(r"\d+", p["prompt"])]
+        assert len(nums) == p["n_ops"] + 1 and all(1 <= x <= 7 for x in nums)
+    with pytest.raises(ValueError, match="n_ops"):
+        make_problem(random.Random(0), 0, 12)
+    with pytest.raises(ValueError, match="n_ops"):
+        next(iter_problems(0, n_ops=(3, 1)))
+    with pytest.raises(ValueError, match="valid"):
+        make_split("dev", 10, 0)
+
+
+def test_eval_set_fixed_distinct_stratified():
+    ev = eval_problems()
+    assert len(ev) == minitask.N_EVAL == 200
+    assert len({p["prompt"] for p in ev}) == len(ev)
+    counts = {k: sum(p["n_ops"] == k for p in ev) for k in (1, 2, 3)}
+    assert set(counts.values()) <= {66, 67} and sum(counts.values()) == 200
+
+
+def test_train_and_eval_disjoint():
+    held_out = eval_prompts()
+    train = make_split("train", minitask.N_TRAIN, minitask.TRAIN_SEED)
+    assert not held_out & {p["prompt"] for p in train}
+    # the exclusion is doing work: without it the stream does hit held-out prompts
+    raw = iter_problems(minitask.TRAIN_SEED)
+    assert any(next(raw)["prompt"] in held_out for _ in range(5000))
+    # the supervised stream of the base model excludes them too
+    sft = iter_problems("dapo-sft:0", exclude=held_out)
+    assert not any(next(sft)["prompt"] in held_out for _ in range(5000))
+
+
+def test_lengths_vary_so_a_cap_bites():
+    train = _train_sample(3000)
+    by_ops = {k: [len(p["solution"]) for p in train if p["n_ops"] == k] for k in (1, 2, 3)}
+    means = [sum(v) / len(v) for v in by_ops.values()]
+    assert means[0] < means[1] < means[2]
+    # +1 for EOS: some correct solutions do not fit a 40-token cap, most do
+    over = sum(len(p["solution"]) + 1 > 40 for p in train) / len(train)
+    assert 0.01 < over < 0.3
+
+
+def test_every_solution_scores_plus_one_and_wrong_answer_minus_one():
+    for p in _train_sample(2000) + eval_problems():
+        assert dapo_score(p["solution"], p["answer"]) == 1.0
+        assert dapo_score(p["solution"], str(int(p["answer"]) + 1)) == -1.0
+
+
+def test_only_character_vocabulary():
+    from dapo.models import CHAR_VOCAB
+
+    chars = set("".join(p["prompt"] + p["solution"] for p in _train_sample(2000)))
+    assert chars <= set(CHAR_VOCAB)
+
+
+def test_registered_datasets():
+    from dapo.data import dataset_names, load_dataset
+
+    assert {"arith-train", "arith-eval"} <= set(dataset_names())
+    ev, rep = load_dataset("arith-eval")
+    assert rep.kept == len(ev) == 200 and not rep.bad
+    assert [e.prompt for e in ev] == [p["prompt"] for p in eval_problems()]
+    assert all(e.scorer == "dapo" and e.source == "arith-eval" for e in ev)
+    tr, rep = load_dataset("arith-train", limit=500)
+    assert len(tr) == 500 and tr[0].answer == make_split("train", 1, minitask.TRAIN_SEED)[0]["answer"]
+    assert not {e.prompt for e in tr} & {e.prompt for e in ev}
+    assert all(dapo_score(e.meta["solution"], e.answer) == 1.0 for e in tr)
+
+
+# --------------------------------------------------------------------------- base model
+
+
+def test_recipe_validation_names_the_key():
+    from dapo.base_model import Recipe
+
+    with pytest.raises(ValueError, match="preset"):
+        Recipe(preset="tiny-1b")
+    with pytest.raises(ValueError, match="n_ops"):
+        Recipe(n_ops=(3, 1))
+    with pytest.raises(ValueError, match="eval_problems"):
+        Recipe(eval_problems=0)
+
+
+def test_recipe_hash_stable_and_sensitive():
+    from dapo.base_model import Recipe, recipe_hash
+
+    assert recipe_hash(Recipe()) == recipe_hash(Recipe())
+    assert recipe_hash(Recipe()) != recipe_hash(Recipe(steps=Recipe().steps + 1))
+    assert recipe_hash(Recipe(n_ops=(1, 3))) == recipe_hash(Recipe(n_ops=[1, 3]))  # type: ignore[arg-type]
+
+
+def test_lr_schedule_warmup_then_linear_decay():
+    from dapo.base_model import Recipe, _lr_factor
+
+    r = Recipe(steps=10, warmup_steps=2)
+    # warm-up: (s+1)/2 -> 0.5, 1.0; then 1 - (s-2)/8 for s = 2..9 -> 1.0, 0.875, ..., 0.125
+    assert [_lr_factor(s, r) for s in range(10)] == [0.5, 1.0, 1.0, 0.875, 0.75, 0.625, 0.5,
+                                                       0.375, 0.25, 0.125]
+
+
+TINY = dict(steps=20, batch_size=16, warmup_steps=2, cap=24, report_caps=(16, 24),
+            eval_problems=6, eval_samples=2)
+
+
+@pytest.mark.slow
+def test_tiny_sft_run_writes_record_and_reuses(tmp_path, monkeypatch):
+    from dapo import base_model
+    from dapo.models import load_model, load_tokenizer
+
+    out = tmp_path / "base"
+    rec = base_model.build_base_model(out, progress=False, **TINY)
+    assert rec["reused"] is False
+    stored = json.loads((out / "base_model.json").read_text())
+    assert stored["recipe_hash"] == rec["recipe_hash"]
+    assert stored["recipe"]["steps"] == 20 and stored["seed"] == 0
+    assert {"torch", "transformers"} <= set(stored["versions"])
+    assert rec["train"]["train_loss_last10pct"] < rec["train"]["train_loss_first"]
+    m = rec["eval"]["at_cap"]["all"]
+    assert m["problems"] == 6 and 0.0 <= m["acc"] <= 1.0
+    assert 0 < m["response_len_mean"] <= 24
+    assert m["all_correct_frac"] + m["all_wrong_frac"] + m["mixed_frac"] == pytest.approx(1.0)
+    assert set(rec["eval"]["by_cap"]) == {"16", "24"}
+    # truncation can only grow when the cap shrinks
+    assert rec["eval"]["by_cap"]["16"]["truncated_frac"] >= rec["eval"]["by_cap"]["24"]["truncated_frac"]
+    # an HF directory with the tokenizer: loads back and tokenizes per character
+    model, tok = load_model(out), load_tokenizer(out)
+    assert model.config.model_type == "qwen2"
+    assert len(tok("7*3-5=", add_special_tokens=False)["input_ids"]) == 6
+
+    # second call: same recipe -> stored numbers, no training
+    def boom(*a, **k):
+        raise AssertionError("retrained")
+
+    monkeypatch.setattr(base_model, "_train", boom)
+    again = base_model.build_base_model(out, progress=False, **TINY)
+    assert again["reused"] is True
+    assert again["eval"] == rec["eval"] and again["wall_time_s"] == rec["wall_time_s"]
+    # another recipe in the same directory does train
+    with pytest.raises(AssertionError, match="retrained"):
+        base_model.build_base_model(out, progress=False, **{**TINY, "steps": 21})
+    assert json.loads((out / "base_model.json").read_text())["recipe"]["steps"] == 20
+
+
+def test_refuses_to_replace_a_foreign_directory(tmp_path):
+    from dapo.base_model import build_base_model
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a base model"):
+        build_base_model(tmp_path, progress=False, **TINY)
+
+
+def test_cli_help_is_fast_and_lists_options(capsys):
+    from dapo.base_model import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for opt in ("--out", "--steps", "--preset", "--seed", "--force", "--cap"):
+        assert opt in out
