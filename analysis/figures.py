@@ -28,8 +28,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-from .runs import ArmInfo, SweepInfo, arm_configs, arm_order, eval_metrics, flatten, primary_metric
+from .runs import ArmInfo, SweepInfo, arm_configs, arm_order, flatten, primary_metric
 from .stats import seed_band
 
 __all__ = [
@@ -45,6 +46,7 @@ class Toggle:
     title: str                                       # "Clip-Higher"
     keys: tuple[str, ...]                            # the config keys that define it
     state: Callable[[dict[str, Any]], bool]          # flat config → on?
+    prefer: tuple[str, float] | None = None          # among equal pairs, the "on" value nearest the paper's
 
 
 def _truthy(v: Any) -> bool:
@@ -57,7 +59,8 @@ TOGGLES: dict[str, Toggle] = {
     "overlong_filter": Toggle("overlong filtering", ("algo.overlong.filter",),
                               lambda c: _truthy(c["algo.overlong.filter"])),
     "clip_higher": Toggle("Clip-Higher", ("algo.clip.eps_high", "algo.clip.eps_low"),
-                          lambda c: float(c["algo.clip.eps_high"]) > float(c.get("algo.clip.eps_low", 0.2))),
+                          lambda c: float(c["algo.clip.eps_high"]) > float(c.get("algo.clip.eps_low", 0.2)),
+                          prefer=("algo.clip.eps_high", 0.28)),
     "soft_punish": Toggle("soft overlong punishment", ("algo.overlong.soft_punish",),
                           lambda c: _truthy(c["algo.overlong.soft_punish"])),
     "token_loss": Toggle("token-level loss", ("algo.loss_agg",),
@@ -158,7 +161,14 @@ def find_pair(toggle: str, tidy: pd.DataFrame, sweep: SweepInfo, configs: dict |
                 shape = int(off.name != base)
             else:
                 shape = 0
-            key = (len(others), len(keys), shape, pos[on.name], pos[off.name])
+            near = 0.0
+            if TOGGLES[toggle].prefer:  # e.g. an ε_high grid: compare 0.2 with 0.28, the paper's value
+                k, v = TOGGLES[toggle].prefer
+                try:
+                    near = abs(float(cn.get(k)) - v)
+                except (TypeError, ValueError):
+                    pass
+            key = (len(others), len(keys), shape, near, pos[on.name], pos[off.name])
             if best_key is None or key < best_key:
                 best, best_key = Pair(toggle, off, on, others, keys), key
     return best
@@ -319,7 +329,20 @@ def _draw(ctx: _Ctx, ax, metric: str, arm: ArmInfo, *, color=None, label=None, l
         ax.plot(xv, b["mean"].to_numpy() * s, color=color, linestyle=linestyle,
                 label=label if label is not None else arm.label,
                 marker="o" if sparse else None, markersize=3.2 if sparse else 0)
+    if s == 100:
+        ax._dapo_percent = True
     return True
+
+
+def _percent_axis(ax) -> None:
+    """A % axis of non-negative data starts at 0 (and spans at least 1%, for all-zero curves)."""
+    if not getattr(ax, "_dapo_percent", False) or not ax.get_lines():
+        return
+    ys = np.concatenate([np.asarray(ln.get_ydata(), dtype=float) for ln in ax.get_lines()])
+    ys = ys[np.isfinite(ys)]
+    if ys.size and ys.min() >= 0:
+        top = max(ax.get_ylim()[1], 1.0)
+        ax.set_ylim(-0.03 * top, top)   # a hair below 0 so curves at 0 stay visible
 
 
 def _finish(ctx: _Ctx, fig: Figure, axes, number: int, title: str, *, ylabels, panel_titles=None,
@@ -327,11 +350,13 @@ def _finish(ctx: _Ctx, fig: Figure, axes, number: int, title: str, *, ylabels, p
     with matplotlib.rc_context(STYLE):
         for i, (ax, yl) in enumerate(zip(axes, ylabels)):
             ax.set_xlabel(xlabel or _X_LABELS[ctx.x])
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_ylabel(yl)
             if panel_titles:
                 ax.set_title(panel_titles[i])
             if (legend_all or i == 0) and ax.get_lines():
                 ax.legend(loc="best")
+            _percent_axis(ax)
             ax.margins(x=0.01)
         tag = f" ({ctx.tag})" if ctx.tag else ""
         fig.suptitle(f"Fig. {number}{tag}: {title}", x=0.01, ha="left", fontweight="bold")
@@ -393,9 +418,9 @@ def _fig1(ctx: _Ctx):
 def _toggle_note(ctx: _Ctx, toggle: str) -> str:
     pair = find_pair(toggle, ctx.tidy, ctx.sweep, ctx.configs, _acfg=ctx.acfg)
     if pair is None:
-        states = {a.name: toggle_state(ctx.acfg[a.name], toggle) for a in _arms(ctx.tidy, ctx.sweep)}
-        return (f"not drawn: no two arms of this sweep differ in {TOGGLES[toggle].title} "
-                f"({TOGGLES[toggle].keys[0]} per arm: {states})")
+        key = TOGGLES[toggle].keys[0]
+        values = ", ".join(f"{a.name}: {ctx.acfg[a.name].get(key, 'unknown')}" for a in _arms(ctx.tidy, ctx.sweep))
+        return f"no two arms of this sweep differ in {TOGGLES[toggle].title} ({key} per arm: {values})"
     return pair.describe()
 
 
@@ -415,7 +440,7 @@ def _fig3(ctx):
     pair = find_pair("clip_higher", ctx.tidy, ctx.sweep, ctx.configs, _acfg=ctx.acfg)
     present = [m for m in ms if m in ctx.metrics]
     if not present:
-        return None, "not drawn" + _missing(ctx, ms)
+        return None, "no metric to draw" + _missing(ctx, ms)
     if pair is not None:
         arms, note = [pair.off, pair.on], _toggle_note(ctx, "clip_higher")
     else:
@@ -480,6 +505,7 @@ def _fig6(ctx):
             ax.set_ylabel(ylabel)
             ax.set_title(f"(b) {_acc_title(ctx)} per generated token")
             ax.legend(loc="best")
+            _percent_axis(ax)
             ax.margins(x=0.01)
     if not pair.exact:
         _footnote(fig, "Arms also differ in: " + ", ".join(
@@ -492,7 +518,7 @@ def _fig7(ctx):
     ms = ["rollout/response_len_mean", "rollout/reward_mean", "train/entropy", "train/token_prob_mean"]
     present = [m for m in ms if m in ctx.metrics]
     if arm is None or not present:
-        return None, "not drawn" + _missing(ctx, ms)
+        return None, ("no runs" if arm is None else "no metric to draw") + _missing(ctx, ms)
     fig, axes = _new_figure(ncols=2, nrows=2, size=(9.2, 6.2))
     for ax, m in zip(axes, present):
         _draw(ctx, ax, m, arm)

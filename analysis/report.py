@@ -1,7 +1,9 @@
 """One command from logged runs to a results folder: figures, Table 1, comparisons, report.md.
 
-    python -m analysis.report --tracking-uri sqlite:///runs/mlruns.db --sweep table1_mini
-    python -m analysis.report --from-snapshot results/table1_mini/snapshot
+    dapo figures sweeps/table1-mini.yaml                  # MLflow at runs/mlruns.db → results/table1-mini/
+    dapo figures sweeps/table1-mini.yaml --from-snapshot  # results/table1-mini/snapshot → same files
+    python -m analysis.report --tracking-uri sqlite:///runs/mlruns.db --sweep table1-mini
+    python -m analysis.report --from-snapshot results/table1-mini/snapshot   (no sweep file needed)
 
 writes (``--out``, default ``results/<sweep>/``)::
 
@@ -112,7 +114,7 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
     meta = meta or {}
     lines = [f"# {sweep.name}: DAPO vs GRPO ablation report", "",
              f"- sweep kind: {sweep.kind}; arms: {len(_arms(tidy, sweep))}; runs: {tidy['run'].nunique()}",
-             f"- x axis: {x.replace('_', ' ')}; final = mean of the last {final_k} evaluations of "
+             f"- x axis: {'gradient step' if x == 'grad_step' else 'rollout step'}; final = mean of the last {final_k} evaluations of "
              f"`{t1.attrs.get('metric')}`",
              f"- generated {datetime.now(timezone.utc).isoformat(timespec='seconds')}"
              + (f" from {meta['mlflow_uri']}" if meta.get("mlflow_uri") else "")
@@ -154,51 +156,82 @@ def _git_commit() -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dapo figures", description=(
         "Regenerate the paper's figures and Table 1 from MLflow runs or a results snapshot."))
-    p.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
-                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
-    p.add_argument("--sweep", help="sweep name = MLflow experiment name")
-    p.add_argument("--from-snapshot", metavar="DIR", help="read a results snapshot instead of MLflow")
+    p.add_argument("spec", nargs="?", help="the sweep YAML (sweeps/NAME.yaml): arms, labels, paper values; "
+                   "without it the arms are inferred from the runs' tags")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<output>/mlruns.db)")
+    p.add_argument("--output", default="runs", metavar="DIR",
+                   help="the sweep's output root, for the default tracking URI (default: runs)")
+    p.add_argument("--sweep", help="sweep name = MLflow experiment name (default: the spec's name)")
+    p.add_argument("--from-snapshot", nargs="?", const="", metavar="DIR",
+                   help="read a results snapshot instead of MLflow (no DIR: results/<sweep>/snapshot)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: results/<sweep>/)")
     p.add_argument("--x", choices=["grad_step", "rollout_step"], default="grad_step",
                    help="x axis of the curves (default: grad_step, as in the paper)")
     p.add_argument("--final-k", type=int, default=None,
                    help="final value = mean of the last K evaluations (default: the sweep's, else 3)")
+    p.add_argument("--formats", default="png,pdf", help="figure formats, comma-separated (default: png,pdf)")
     p.add_argument("--reading", metavar="FILE", help="a markdown file with the human reading to embed")
     p.add_argument("--no-snapshot", action="store_true", help="do not write a snapshot when reading MLflow")
     return p
 
 
+def _spec_sweep_info(path: str) -> SweepInfo:
+    """SweepInfo from a sweep YAML, via the sweep module (imported only here)."""
+    from dapo.sweep_spec import sweep_info  # noqa: WPS433 (lazy: keeps analysis independent of dapo)
+    return SweepInfo.from_dict(sweep_info(path))
+
+
 def main(argv: list[str] | None = None, *, sweep_info: SweepInfo | None = None) -> int:
-    """CLI entry; ``sweep_info`` lets a caller (``dapo figures``) pass the parsed sweep file."""
+    """CLI entry (``dapo figures``); ``sweep_info`` lets a caller pass an already parsed sweep."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if sweep_info is None and args.spec:
+        sweep_info = _spec_sweep_info(args.spec)
+    name = args.sweep or (sweep_info.name if sweep_info else None)
     meta: dict = {}
-    if args.from_snapshot:
-        tidy, configs, snap_sweep = load_snapshot(args.from_snapshot)
-        meta = read_meta(args.from_snapshot)
-        sweep = sweep_info or snap_sweep or infer_sweep_info(tidy, configs, args.sweep)
-        out = Path(args.out) if args.out else Path(args.from_snapshot).resolve().parent
+    if args.from_snapshot is not None:
+        snap_dir = args.from_snapshot or (str(Path("results") / name / "snapshot") if name else None)
+        if not snap_dir:
+            parser.error("--from-snapshot without DIR needs the sweep (SPEC or --sweep)")
+        if not (Path(snap_dir) / "runs.parquet").exists():
+            parser.error(f"no snapshot in {snap_dir} (runs.parquet missing)")
+        tidy, configs, snap_sweep = load_snapshot(snap_dir)
+        meta = read_meta(snap_dir)
+        sweep = sweep_info or snap_sweep or infer_sweep_info(tidy, configs, name)
+        out = Path(args.out) if args.out else Path(snap_dir).resolve().parent
     else:
-        if not args.sweep or not args.tracking_uri:
-            build_parser().error("give --sweep and --tracking-uri (or $MLFLOW_TRACKING_URI), or --from-snapshot")
-        tidy, configs = load_runs(args.tracking_uri, args.sweep)
+        if not name:
+            parser.error("give the sweep (SPEC or --sweep NAME), or --from-snapshot DIR")
+        uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            db = Path(args.output).resolve() / "mlruns.db"
+            if not db.exists():
+                parser.error(f"no tracking store: give --tracking-uri, set $MLFLOW_TRACKING_URI, "
+                             f"or point --output at the sweep's output root ({db} does not exist)")
+            uri = f"sqlite:///{db}"
+        tidy, configs = load_runs(uri, name)
         if tidy.empty:
-            print(f"[figures] sweep {args.sweep!r} has no logged points yet", file=sys.stderr)
+            print(f"[figures] sweep {name!r} has no logged points yet", file=sys.stderr)
             return 1
-        sweep = sweep_info or infer_sweep_info(tidy, configs, args.sweep)
-        out = Path(args.out) if args.out else Path("results") / args.sweep
+        sweep = sweep_info or infer_sweep_info(tidy, configs, name)
+        out = Path(args.out) if args.out else Path("results") / name
         commit = _git_commit()
-        meta = {"mlflow_uri": args.tracking_uri, "commit": commit}
+        meta = {"mlflow_uri": uri, "commit": commit}
         if not args.no_snapshot:
-            cmd = "python -m analysis.report " + " ".join(shlex.quote(a) for a in argv)
+            cmd = "dapo figures " + " ".join(shlex.quote(a) for a in argv)
             snap = snapshot(tidy, configs, sweep, out / "snapshot", command=cmd, commit=commit,
-                            tracking_uri=args.tracking_uri)
+                            tracking_uri=uri)
             print(f"[figures] snapshot: {snap}")
     reading = Path(args.reading).read_text() if args.reading else None
     final_k = args.final_k or sweep.final_k
-    paths = write_report(tidy, configs, sweep, out, x=args.x, final_k=final_k, reading=reading, meta=meta)
-    for p in paths:
-        print(p)
+    formats = tuple(f.strip().lstrip(".") for f in args.formats.split(",") if f.strip())
+    if not formats or formats[0] != "png":
+        parser.error("--formats must start with png (the report embeds the PNGs)")
+    paths = write_report(tidy, configs, sweep, out, x=args.x, final_k=final_k, reading=reading, meta=meta,
+                         formats=formats)
+    print(f"[figures] {len(paths)} files in {out} (report: {out / 'report.md'})")
     return 0
 
 

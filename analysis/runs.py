@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -294,8 +295,16 @@ def load_runs(tracking_uri: str, sweep_name: str, *, finished_only: bool = False
         "order": range(len(runs)),
     })
     tidy = _assemble(pts, meta)
-    configs = {r.info.run_id: _run_config(client, r) if configs_from_artifacts
-               else _unflatten({k: _parse_param(v) for k, v in r.data.params.items()}) for r in runs}
+    bar = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # one bar per config.yaml is noise
+    try:
+        configs = {r.info.run_id: _run_config(client, r) if configs_from_artifacts
+                   else _unflatten({k: _parse_param(v) for k, v in r.data.params.items()}) for r in runs}
+    finally:
+        if bar is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = bar
     return tidy, configs
 
 

@@ -26,7 +26,7 @@ TABLE1_COLUMNS = ["arm", "label", "ours", "ci_lo", "ci_hi", "n_seeds", "paper", 
 
 def table1(tidy: pd.DataFrame, sweep_info: SweepInfo, final_k: int | None = 3, *,
            metric: str | None = None, n_boot: int = 10000, seed: int = 0) -> pd.DataFrame:
-    """One row per arm (sweep order), numeric columns:
+    """One row per arm of the sweep (sweep order; arms without runs have n_seeds 0), numeric columns:
 
     arm, label; ours, ci_lo, ci_hi (% if the metric is an accuracy in [0, 1]); n_seeds;
     paper (the sweep's value, %), diff = ours − paper; grad_steps, rollout_steps (mean over
@@ -40,7 +40,10 @@ def table1(tidy: pd.DataFrame, sweep_info: SweepInfo, final_k: int | None = 3, *
     per_run = tidy.groupby(["arm", "run"], sort=False).agg(
         grad=("grad_step", "max"), rollout=("rollout_step", "max"), time=("time", "max")).reset_index()
     rows = []
-    for arm in _arms(tidy, sweep_info):
+    # every arm of the sweep (one without runs yet shows n_seeds 0), then arms only the runs know
+    names = {a.name for a in sweep_info.arms}
+    arms = list(sweep_info.arms) + [a for a in _arms(tidy, sweep_info) if a.name not in names]
+    for arm in arms:
         f = finals.loc[finals["arm"] == arm.name, "final"].to_numpy(dtype=float)
         mean, lo, hi = bootstrap_ci(f, n_boot=n_boot, seed=seed)
         pr = per_run[per_run["arm"] == arm.name]

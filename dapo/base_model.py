@@ -49,7 +49,8 @@ from typing import Any
 
 from dapo.minitask import N_EVAL
 
-__all__ = ["RECIPE_VERSION", "Recipe", "build_base_model", "evaluate", "recipe_hash", "main"]
+__all__ = ["MINI_BASE_NAME", "RECIPE_VERSION", "Recipe", "build_base_model", "default_out_dir",
+           "evaluate", "main", "mini_base_path", "recipe_hash", "summary"]
 
 RECIPE_VERSION = 1
 """Bumped whenever the code changes what a recipe produces (invalidates reuse)."""
@@ -73,7 +74,7 @@ class Recipe:
     operand_max: int = 12  # operands are integers in [1, operand_max]
     bf16: bool = True  # bf16 autocast for the supervised forward/backward
     cap: int = 40  # response-length cap (tokens, EOS included) the numbers refer to
-    report_caps: tuple[int, ...] = (32, 40, 48)  # caps also reported
+    report_caps: tuple[int, ...] = (32, 36, 40, 44, 48)  # caps also reported
     eval_problems: int = 200  # first k problems of arith-eval (stratified: 1,2,3,1,2,3,...)
     eval_samples: int = 8  # samples per held-out problem (the group size G)
     eval_temperature: float = 1.0
@@ -436,6 +437,24 @@ def build_base_model(
     record["reused"] = False
     record["model_path"] = str(out)
     return record
+
+
+MINI_BASE_NAME = "mini-base"
+"""What experiment configs call the default recipe's model (``model.path: mini-base``)."""
+
+
+def mini_base_path(*, build: bool = True, progress: bool = True, threads: int | None = None) -> Path:
+    """Directory of the default :class:`Recipe`'s model, built first if ``build`` and missing.
+
+    Raises FileNotFoundError when it is missing and ``build`` is False.
+    """
+    out = default_out_dir(Recipe())
+    rec = _read_record(out)
+    if rec is not None and rec.get("recipe_hash") == recipe_hash(Recipe()):
+        return out
+    if not build:
+        raise FileNotFoundError(f"{MINI_BASE_NAME}: {out} is not built yet; run `dapo base`")
+    return Path(build_base_model(out, progress=progress, threads=threads)["model_path"])
 
 
 # --------------------------------------------------------------------------- CLI

@@ -9,16 +9,19 @@ Two scorers, one registry (`SCORERS`, `get_scorer`):
 - `math_verify_score`: `\\boxed{}` answers checked symbolically by the math-verify library
   (MATH-500, GSM8K), with a wall-clock limit.
 
-Scorers never raise and always return exactly +1.0 or -1.0. This module does not import
-torch; math-verify (and through it sympy) is imported on the first `math_verify_score` call.
+Scorers never raise and always return exactly +1.0 or -1.0, in bounded time. This module
+imports neither torch nor math-verify: math-verify (and sympy) run in a worker process.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
-import signal
+import select
+import subprocess
+import sys
 import threading
-import time
 from typing import Callable
 
 __all__ = [
@@ -177,81 +180,97 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced
 
 
-class _Timeout(BaseException):
-    """Raised when the time is up; a BaseException so the parser's `except Exception` lets it through."""
+# math-verify runs in a worker process. Neither math-verify's SIGALRM timeout nor a thread
+# can stop sympy inside one C call (\boxed{9^{9^{9^{9}}}} becomes a bigint power that holds
+# the GIL for hours; huggingface/Math-Verify#65), so a call that runs out of time kills its
+# worker; the next call starts a new one. Each thread has its own worker, so threads score
+# in parallel. The worker is `python -m dapo.rewards`, fed JSON lines on stdin.
+WORKER_START_TIMEOUT_S = 120.0  # importing sympy + math-verify; not counted in timeout_s
+WORKER_MEMORY_BYTES = 4 << 30  # address-space limit of a worker (RLIMIT_AS)
+_workers = threading.local()
 
 
-def _call_with_timeout(fn: Callable[[], bool], timeout_s: float) -> bool:
-    """fn() within timeout_s seconds, else raise _Timeout.
+class _Worker:
+    """One math-verify worker process (POSIX: uses select on its stdout)."""
 
-    On the main thread a SIGALRM interval timer interrupts fn (nothing keeps running);
-    elsewhere signals are unavailable, so fn runs in a daemon thread and is abandoned on
-    timeout (it finishes in the background; the caller is not held up).
-    """
-    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+    def __init__(self) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dapo.rewards"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, encoding="utf-8", env=env,
+        )
+        if self._read_line(WORKER_START_TIMEOUT_S) != "ready":
+            self.close()
+            raise RuntimeError("math-verify worker did not start")
 
-        def on_alarm(signum, frame):
-            raise _Timeout()
+    def _read_line(self, timeout_s: float) -> str | None:
+        readable, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        line = self.proc.stdout.readline() if readable else ""
+        return line.strip() or None  # None: out of time, or end of file (the worker died)
 
-        old_handler = signal.signal(signal.SIGALRM, on_alarm)
-        old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s)
-        start = time.monotonic()
+    def verify(self, gold: str, pred: str, timeout_s: float) -> str | None:
+        """"1" or "0" from the worker, or None if it took longer than timeout_s or died."""
+        self.proc.stdin.write(json.dumps({"gold": gold, "pred": pred}) + "\n")
+        self.proc.stdin.flush()
+        return self._read_line(timeout_s)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _worker_main() -> None:
+    """The worker loop: one {"gold", "pred"} JSON line in, "1" (equal) or "0" out."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
+    from math_verify import parse, verify
+
+    def check(gold_text: str, pred_text: str) -> bool:
+        # math-verify's own SIGALRM timeouts are off: the parent bounds the time.
+        gold = parse(gold_text, parsing_timeout=None)
+        pred = parse(pred_text, parsing_timeout=None)
+        return bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=None))
+
+    check("$0.5$", "$\\boxed{\\frac{1}{2}}$")  # warm-up: the first parse builds the grammars (~1 s)
+    print("ready", flush=True)
+    for line in sys.stdin:
         try:
-            return fn()
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old_handler)
-            if old_delay > 0:  # someone else's timer was running: give back what is left
-                remaining = max(old_delay - (time.monotonic() - start), 1e-3)
-                signal.setitimer(signal.ITIMER_REAL, remaining, old_interval)
-
-    result: list[bool] = []
-    error: list[BaseException] = []
-
-    def target():
-        try:
-            result.append(fn())
-        except BaseException as e:  # noqa: BLE001 - reported to the caller below
-            error.append(e)
-
-    worker = threading.Thread(target=target, daemon=True, name="math-verify")
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        raise _Timeout()
-    if error:
-        raise error[0]
-    return result[0]
+            request = json.loads(line)
+            equal = check(request["gold"], request["pred"])
+        except Exception:  # includes MemoryError under the RLIMIT_AS cap
+            equal = False
+        print("1" if equal else "0", flush=True)
 
 
 def math_verify_score(response: str, ground_truth: str, timeout_s: float = 5.0) -> float:
     """+1.0 if the last `\\boxed{}` of `response` is mathematically equal to `ground_truth`
     according to math-verify, else -1.0 (also on no box, parse failure, any error, or when
-    parsing and verifying together take longer than `timeout_s` seconds).
+    parsing and verifying take longer than `timeout_s` seconds).
 
     The ground truth is parsed as `$<ground_truth>$` unless it already holds "$" or
-    "\\boxed". math-verify's own signal timeouts are switched off (they fail off the main
-    thread); `_call_with_timeout` bounds the whole call instead.
+    "\\boxed". Safe to call from any thread; the work happens in a per-thread worker
+    process (started on first use, ~1 s, not counted in timeout_s).
     """
     try:
         boxed = last_boxed(response)
         if boxed is None:
             return -1.0
-        gold_text = str(ground_truth)
-        if "$" not in gold_text and "\\boxed" not in gold_text:
-            gold_text = f"${gold_text}$"
-
-        def check() -> bool:
-            from math_verify import parse, verify
-
-            gold = parse(gold_text, parsing_timeout=None)
-            pred = parse(f"$\\boxed{{{boxed}}}$", parsing_timeout=None)
-            return bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=None))
-
-        return 1.0 if _call_with_timeout(check, timeout_s) else -1.0
-    except BaseException as e:  # never raise; but let Ctrl-C and exit through
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
+        gold = str(ground_truth)
+        if "$" not in gold and "\\boxed" not in gold:
+            gold = f"${gold}$"
+        worker = getattr(_workers, "worker", None) or _Worker()
+        _workers.worker = worker
+        try:
+            answer = worker.verify(gold, f"$\\boxed{{{boxed}}}$", timeout_s)
+        except OSError:  # the worker died earlier (broken pipe)
+            answer = None
+        if answer is None:  # out of time or dead: this worker is done for
+            _workers.worker = None
+            worker.close()
+        return 1.0 if answer == "1" else -1.0
+    except Exception:
         return -1.0
 
 
@@ -271,3 +290,7 @@ def get_scorer(name: str) -> Callable[[str, str], float]:
         return SCORERS[name]
     except KeyError:
         raise ValueError(f"unknown scorer {name!r}; valid: {sorted(SCORERS)}") from None
+
+
+if __name__ == "__main__":
+    _worker_main()

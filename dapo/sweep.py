@@ -61,6 +61,8 @@ def cmd_expand(args) -> int:
     n_arms = len(arms(spec))
     print(f"sweep {spec.name} ({spec.kind}): {n_arms} arms x {len(spec.seeds)} seeds = {len(jobs)} jobs; "
           f"base {spec.base}; {sum(j.finished for j in jobs)} finished")
+    if spec.base_overrides:
+        print("base_overrides (every job): " + " ".join(f"{k}={_fmt_value(v)}" for k, v in spec.base_overrides.items()))
     rows = [[j.arm, j.seed, j.run_id, "done" if j.finished else "",
              " ".join(f"{k}={_fmt_value(v)}" for k, v in j.overrides.items()) or "(base)"] for j in jobs]
     print(_table(rows, ["arm", "seed", "run_id", "state", "overrides vs base"]))

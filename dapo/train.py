@@ -447,8 +447,13 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
 
     # ---- tracking -------------------------------------------------------------------------------
     uri = cfg.logging.tracking_uri or default_tracking_uri(cfg.output_dir)
+    id_file = run_dir / "mlflow_run.json"   # written at once, so a crash before the first
+    if not state.get("mlflow_run_id") and id_file.exists():   # checkpoint still resumes this run
+        state["mlflow_run_id"] = json.loads(id_file.read_text()).get("run_id")
     tracker = Tracker(uri, cfg.logging.experiment, run_dir.name, run_uuid=state.get("mlflow_run_id"),
                       enabled=is_main)
+    if is_main:
+        id_file.write_text(json.dumps({"run_id": tracker.run_uuid, "tracking_uri": uri}))
     if is_main:
         tracker.buffer = list(state.get("pending", []))
         tracker.flush()  # points checkpointed but not yet logged when the last run died

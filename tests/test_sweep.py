@@ -1,0 +1,351 @@
+"""Sweep specs, expansion, cluster profiles and the launcher's pure parts (fast; no Slurm, no torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dapo.config import ConfigError, config_hash
+from dapo.sweep import expand, load_profile, load_spec, main as sweep_main, sweep_info
+from dapo.sweep_spec import arms, check_resources
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((REPO / "sweeps").glob("*.yaml"))
+PAPER = {"table1", "leave-one-out", "clip-higher-eps", "grpo-vs-dapo"}
+PWN = "$(touch /tmp/pwned)"
+
+
+def write_spec(tmp_path: Path, name: str = "s", **fields) -> Path:
+    """A small valid ladder on the smoke experiment; ``fields`` replace top-level keys (None deletes)."""
+    spec = {"name": name, "base": "experiments/tiny-random-smoke.yaml", "kind": "ladder",
+            "base_overrides": {"rollout.engine": "hf"},
+            "baseline": {"name": "grpo", "label": "GRPO", "overrides": {"algo.clip.eps_high": 0.2}, "paper": 30},
+            "techniques": [{"name": "clip_higher", "label": "+ clip-higher", "paper": 38,
+                            "overrides": {"algo.clip.eps_high": 0.28}}],
+            "seeds": [0, 1], "metric": "eval/arith-eval/avg_at_2", "final_k": 1,
+            "resources": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 2, "time_min": 10},
+            "max_concurrent": 2}
+    for k, v in fields.items():
+        if v is None:
+            spec.pop(k, None)
+        else:
+            spec[k] = v
+    path = tmp_path / f"spec-{len(list(tmp_path.glob('spec-*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(ConfigError) as exc:
+        load_spec(path)
+    return str(exc.value)
+
+
+# =========================================================================== shipped specs
+def test_import_sweep_needs_neither_torch_nor_submitit():
+    code = ("import dapo.sweep, sys; dapo.sweep.expand('sweeps/table1.yaml'); "
+            "assert 'torch' not in sys.modules and 'submitit' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_every_shipped_spec_expands_and_fits_its_cluster(path: Path, tmp_path: Path):
+    spec = load_spec(path)
+    jobs = expand(spec, tmp_path)
+    assert len(jobs) == len(arms(spec)) * len(spec.seeds) == len({j.run_id for j in jobs})
+    info = sweep_info(spec)
+    assert [a["name"] for a in info["arms"]] == list(dict.fromkeys(j.arm for j in jobs))
+    assert info["metric"].startswith("eval/") and info["final_k"] >= 1
+    for j in jobs:
+        assert j.config.logging.sweep == j.config.logging.experiment == spec.name
+        assert j.config.logging.arm == j.arm and j.config.train.seed == j.seed
+        assert j.run_dir == tmp_path.resolve() / "runs" / j.run_id and j.run_id == config_hash(j.config)
+    cluster = "example-gpu-cluster" if spec.name in PAPER else "local"
+    check_resources(spec, load_profile(cluster))
+    if spec.name in PAPER:
+        assert spec.base.name == "paper-dapo-32b.yaml" and spec.resources.nodes * spec.resources.gpus_per_node == 128
+        assert (REPO / "sweeps" / f"{spec.name}-mini.yaml").is_file()
+
+
+def test_table1_ladder_matches_the_paper():
+    info = sweep_info(REPO / "sweeps" / "table1.yaml")
+    assert info["kind"] == "ladder" and info["metric"] == "eval/aime24/avg_at_32"
+    assert [(a["name"], a["paper"]) for a in info["arms"]] == [
+        ("grpo", 30), ("overlong_filter", 36), ("clip_higher", 38), ("soft_punish", 41), ("token_loss", 42),
+        ("dynamic_sampling", 50)]
+    jobs = {j.arm: j.config.algo for j in expand(REPO / "sweeps" / "table1.yaml")}
+    g, d = jobs["grpo"], jobs["dynamic_sampling"]
+    assert (g.clip.eps_high, g.loss_agg, g.overlong.filter, g.overlong.soft_punish, g.dynamic_sampling.enabled) == \
+        (0.2, "seq_mean_token_mean", False, False, False)
+    # the last row stacks filter and punishment, as the paper's table does
+    assert (d.clip.eps_high, d.loss_agg, d.overlong.filter, d.overlong.soft_punish, d.dynamic_sampling.enabled) == \
+        (0.28, "token_mean", True, True, True)
+    assert jobs["clip_higher"].overlong.filter and not jobs["clip_higher"].overlong.soft_punish
+    mini = load_spec(REPO / "sweeps" / "table1-mini.yaml")
+    assert mini.seeds == (0, 1, 2) and mini.resources.cpus_per_task == 2 and mini.resources.nodes == 1
+
+
+def test_leave_one_out_reverts_one_technique_to_the_baseline():
+    jobs = {j.arm: j for j in expand(REPO / "sweeps" / "leave-one-out.yaml")}
+    assert set(jobs) == {"full", "no_clip_higher", "no_soft_punish", "no_token_loss", "no_dynamic_sampling"}
+    assert jobs["full"].overrides == {}                       # the full recipe is the base
+    assert jobs["no_clip_higher"].overrides == {"algo.clip.eps_high": 0.2}
+    assert jobs["no_dynamic_sampling"].overrides == {"algo.dynamic_sampling.enabled": False}
+    assert jobs["no_token_loss"].overrides == {"algo.loss_agg": "seq_mean_token_mean"}
+
+
+def test_the_same_run_in_two_sweeps_is_one_run():
+    ids = {p: {j.arm: j.run_id for j in expand(REPO / "sweeps" / f"{p}.yaml")}
+           for p in ("table1", "grpo-vs-dapo", "leave-one-out", "clip-higher-eps")}
+    assert ids["grpo-vs-dapo"]["dapo"] == ids["leave-one-out"]["full"] == ids["clip-higher-eps"]["eps_high-0.28"]
+    assert ids["grpo-vs-dapo"]["grpo"] == ids["table1"]["grpo"]
+
+
+# =========================================================================== run ids
+def test_run_id_is_stable_ignores_names_and_logging_but_not_the_seed(tmp_path: Path):
+    a = expand(write_spec(tmp_path, "first"), tmp_path / "o1")
+    other_arms = {"baseline": {"name": "sym", "label": "symmetric", "overrides": {"algo.clip.eps_high": 0.2}},
+                  "techniques": [{"name": "ch", "label": "ch", "overrides": {"algo.clip.eps_high": 0.28}}]}
+    b = expand(load_spec(write_spec(tmp_path, "second", **other_arms), {"logging.tracking_uri": "sqlite:///x.db"}),
+               tmp_path / "o2")
+    assert [j.run_id for j in a] == [j.run_id for j in b]         # same configs, other names, other store
+    assert [j.run_id for j in a] == [j.run_id for j in expand(write_spec(tmp_path, "first"), tmp_path / "o1")]
+    assert a[0].run_id != a[1].run_id and a[0].seed != a[1].seed  # the seed is part of the config
+    c = expand(write_spec(tmp_path, "first", seeds=[5, 1]), tmp_path / "o1")
+    assert c[0].run_id != a[0].run_id and c[1].run_id == a[1].run_id
+    d = expand(load_spec(write_spec(tmp_path, "first"), {"train.rollout_steps": 3}), tmp_path / "o1")
+    assert d[0].run_id != a[0].run_id and d[0].config.train.rollout_steps == 3
+    assert d[0].overrides == a[0].overrides == {}     # rows show what differs from base + base_overrides
+
+
+def test_expansion_counts_and_grid_product(tmp_path: Path):
+    one = write_spec(tmp_path, kind="one_at_a_time", techniques=[
+        {"name": "t1", "overrides": {"algo.overlong.filter": True}},
+        {"name": "t2", "overrides": {"algo.loss_agg": "token_mean"}}])
+    jobs = expand(one, tmp_path)
+    assert [j.arm for j in jobs] == ["grpo", "grpo", "t1", "t1", "t2", "t2"]
+    assert jobs[4].overrides == {"algo.loss_agg": "token_mean"}     # t1 not stacked (base has eps_high 0.2)
+    grid = write_spec(tmp_path, kind="grid", baseline=None, techniques=None, seeds=[0],
+                      grid={"algo.clip.eps_high": [0.2, 0.28, 0.3], "train.lr": [1e-6, 1e-5]},
+                      paper={"eps_high-0.28__lr-1e-05": 50})
+    info = sweep_info(grid)
+    assert len(info["arms"]) == 6 and info["arms"][3]["paper"] == 50
+    assert info["arms"][3]["overrides"] == {"algo.clip.eps_high": 0.28, "train.lr": 1e-5}
+    assert len(expand(grid, tmp_path)) == 6
+
+
+def test_finished_run_is_reused_not_rerun(tmp_path: Path):
+    from dapo import launcher
+    spec = load_spec(write_spec(tmp_path))
+    jobs = expand(spec, tmp_path / "out")
+    jobs[0].run_dir.mkdir(parents=True)
+    (jobs[0].run_dir / "summary.json").write_text("{}")
+    assert jobs[0].finished and not jobs[1].finished
+    rec = launcher.submit(spec, load_profile("local"), tmp_path / "out", dry_run=True, log=lambda *_: None)
+    assert [j["run_id"] for j in rec["jobs"]] == [j.run_id for j in jobs[1:]]
+    assert rec["skipped"] == [{"run_id": jobs[0].run_id, "arm": "grpo", "seed": 0, "reason": "finished"}]
+
+
+# =========================================================================== validation errors
+@pytest.mark.parametrize("fields, key, words", [
+    ({"techniques": [{"name": "t", "overrides": {"algo.clip.eps_hgh": 0.3}}]},
+     "techniques[0].overrides", "unknown key 'algo.clip.eps_hgh'"),
+    ({"base_overrides": {"trian.lr": 1.0}}, "base_overrides", "unknown key 'trian.lr'"),
+    ({"colour": "red"}, "colour", "unknown key"),
+    ({"kind": "staircase"}, "kind", "expected one of ladder"),
+    ({"seeds": "0"}, "seeds", "expected a non-empty list"),
+    ({"seeds": [0, "1"]}, "seeds[1]", "expected an integer"),
+    ({"seeds": [0, 0]}, "seeds", "a seed repeats"),
+    ({"final_k": 0}, "final_k", "expected an integer >= 1"),
+    ({"resources": {"cpus_per_task": "two"}}, "resources.cpus_per_task", "expected an integer"),
+    ({"resources": {"gpus": 8}}, "resources.gpus", "unknown key"),
+    ({"max_concurrent": 1.5}, "max_concurrent", "expected an integer"),
+    ({"techniques": [{"name": "t", "paper": "high", "overrides": {"algo.clip.eps_high": 0.3}}]},
+     "techniques[0].paper", "expected a number or null"),
+    ({"techniques": [{"name": "t", "overrides": {"algo.clip.eps_high": "wide"}}]},
+     "algo.clip.eps_high", "arm 't'"),
+    ({"techniques": [{"name": "t", "overrides": {"train.seed": 3}}]}, "train.seed", "set by seeds"),
+    ({"techniques": [{"name": "t", "overrides": {"logging.arm": "x"}}]}, "logging.arm", "set by the launcher"),
+    ({"techniques": [{"name": "t", "overrides": {}}]}, "overrides", "is empty"),
+    ({"techniques": [{"name": "t", "overrides": {"algo.clip.eps_high": 0.2}}]}, "'grpo' and 't'",
+     "resolve to the same config"),
+    ({"techniques": [{"name": "a", "overrides": {"train.lr": 1e-5}}, {"name": "a", "overrides": {"train.lr": 1e-4}}]},
+     "techniques", "used twice"),
+    ({"base": "experiments/nope.yaml"}, "base", "no such experiment file"),
+    ({"baseline": None}, "baseline", "is missing"),
+    ({"kind": "grid", "baseline": None, "techniques": None, "grid": {}}, "grid", "grid is empty"),
+    ({"kind": "grid", "baseline": None, "techniques": None, "grid": {"train.lr": []}}, "grid.train.lr",
+     "non-empty list"),
+    ({"kind": "grid", "baseline": None, "techniques": None, "grid": {"train.lr": [1e-6], "train.zz": [1]}}, "grid",
+     "unknown key 'train.zz'"),
+    ({"kind": "leave_one_out", "techniques": [{"name": "t", "overrides": {"algo.loss_agg": "token_mean"}}]},
+     "techniques[0] (t).overrides.algo.loss_agg", "baseline.overrides, which does not set it"),
+    ({"paper": {"nobody": 3}}, "paper.nobody", "no such arm"),
+    ({"resources": {"nodes": 2, "gpus_per_node": 8}}, "resources", "launch.num_nodes"),
+])
+def test_validation_error_names_file_and_key(tmp_path: Path, fields, key, words):
+    path = write_spec(tmp_path, **fields)
+    msg = error_of(path)
+    assert str(path) in msg and key in msg and words in msg, msg
+
+
+def test_resources_beyond_the_cluster_profile_are_refused(tmp_path: Path):
+    spec = load_spec(write_spec(tmp_path, resources={"cpus_per_task": 64, "mem_gb": 2, "time_min": 10}))
+    with pytest.raises(ConfigError, match=r"resources.cpus_per_task = 64: cluster profile 'local' .* at most 2"):
+        check_resources(spec, load_profile("local"))
+    big = load_spec(REPO / "sweeps" / "table1.yaml")
+    check_resources(big, load_profile("example-gpu-cluster"))
+    for key, limit in (("gpus_per_node", 4), ("time_min", 60), ("mem_gb", 64), ("nodes", 8)):
+        prof = yaml.safe_load((REPO / "slurm" / "example-gpu-cluster.yaml").read_text())
+        prof["limits"][key] = limit
+        (tmp_path / "p.yaml").write_text(yaml.safe_dump(prof))
+        with pytest.raises(ConfigError, match=rf"table1.yaml: resources.{key} = .*at most {limit}"):
+            check_resources(big, load_profile(tmp_path / "p.yaml"))
+
+
+def test_cli_errors_before_anything_is_submitted(tmp_path: Path, capsys):
+    bad = write_spec(tmp_path, techniques=[{"name": "t", "overrides": {"algo.nope": 1}}])
+    out = tmp_path / "out"
+    assert sweep_main(["submit", str(bad), "--cluster", "local", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "algo.nope" in err
+    big = write_spec(tmp_path, resources={"cpus_per_task": 64})
+    assert sweep_main(["submit", str(big), "--cluster", "local", "--executor", "slurm", "--output", str(out)]) == 2
+    assert "resources.cpus_per_task = 64" in capsys.readouterr().err
+    assert not out.exists()                            # nothing recorded, nothing submitted
+
+
+def test_cli_expand_table_and_json(tmp_path: Path, capsys):
+    assert sweep_main(["expand", str(REPO / "sweeps" / "table1.yaml"), "--output", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "6 arms x 1 seeds = 6 jobs" in text and "algo.overlong.filter=true" in text
+    assert sweep_main(["expand", str(REPO / "sweeps" / "smoke-slurm.yaml"), "--json", "--output", str(tmp_path)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["arm"], r["seed"]) for r in rows] == [("grpo", 0), ("grpo", 1), ("clip_higher", 0), ("clip_higher", 1)]
+    assert rows[2]["overrides"] == {"algo.clip.eps_high": 0.28} and not rows[0]["finished"]
+
+
+# =========================================================================== shell safety
+@pytest.mark.parametrize("bad", ["x; rm -rf /", PWN, "a b", "x\n#SBATCH --x", "`id`", "..", ""])
+def test_names_with_shell_metacharacters_are_refused(tmp_path: Path, bad):
+    assert "expected a name matching" in error_of(write_spec(tmp_path, name=bad))
+    t = [{"name": bad, "overrides": {"algo.clip.eps_high": 0.28}}]
+    assert "techniques[0].name" in error_of(write_spec(tmp_path, techniques=t))
+    prof = yaml.safe_load((REPO / "slurm" / "local.yaml").read_text())
+    for key in ("partition", "account", "qos"):
+        (tmp_path / "p.yaml").write_text(yaml.safe_dump({**prof, key: bad}))
+        with pytest.raises(ConfigError, match=f"{key} = .*expected a name matching"):
+            load_profile(tmp_path / "p.yaml")
+    with pytest.raises(ConfigError):
+        load_profile(bad if "/" not in bad else "x;y")
+
+
+def test_profile_env_names_and_multiline_setup_are_refused(tmp_path: Path):
+    prof = yaml.safe_load((REPO / "slurm" / "local.yaml").read_text())
+    for patch, words in (({"env": {"A;B": "1"}}, "not a valid variable name"),
+                         ({"setup": ["module load x\nrm -rf /"]}, "expected one non-empty line"),
+                         ({"constraint": "a100 && $(id)"}, "constraint"),
+                         ({"python": "py\nrm -rf /"}, "python")):
+        (tmp_path / "p.yaml").write_text(yaml.safe_dump({**prof, **patch}))
+        with pytest.raises(ConfigError, match=words):
+            load_profile(tmp_path / "p.yaml")
+
+
+def test_sbatch_script_quotes_every_value(tmp_path: Path):
+    """Run the generated script with a fake srun: no metacharacter from setup, env, python or
+    the output path is ever interpreted (the canary files must not appear)."""
+    from dapo import launcher
+    canary = tmp_path / "pwned"
+    nasty = f"$(touch {canary}1)"
+    prof = yaml.safe_load((REPO / "slurm" / "local.yaml").read_text())
+    prof.update(executor="slurm", setup=[f"echo setup; touch {canary}2", f"echo `touch {canary}3` {nasty}"],
+                env={"DAPO_X": f"v; touch {canary}4 {nasty}", "DAPO_Y": "it's"},
+                python=f"{tmp_path}/bin/py thon;touch {canary}5")
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(prof))
+    profile = load_profile(tmp_path / "p.yaml")
+    out = tmp_path / f"out $(touch {canary}6); x"
+    rec = launcher.submit(load_spec(write_spec(tmp_path)), profile, out, dry_run=True, log=lambda *_: None)
+    script = rec["script"]
+    assert "--job-name=dapo-s" in script and "--array=0-3%2" in script
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$SRUN_ARGS"\necho "X=$DAPO_X" >> "$SRUN_ARGS"\n')
+    (fake / "srun").chmod(stat.S_IRWXU)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "SRUN_ARGS": str(tmp_path / "args")}
+    (tmp_path / "job.sh").write_text(script)
+    run = subprocess.run(["bash", str(tmp_path / "job.sh")], env=env, capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    assert not list(tmp_path.glob("pwned*")), "a value was executed by the shell"
+    args = (tmp_path / "args").read_text().splitlines()      # srun's argv, one per line, then $DAPO_X
+    folder = str(out.resolve() / "sweeps" / "s" / "submitit" / "<timestamp>")
+    assert args[-6:] == [f"{tmp_path}/bin/py thon;touch {canary}5", "-u", "-m", "submitit.core._submit", folder,
+                         f"X=v; touch {canary}4 {nasty}"]
+    assert "echo setup\\;" not in run.stdout and "setup; touch" in run.stdout
+
+
+# =========================================================================== launcher pieces
+def test_accelerate_command_for_two_nodes_of_eight_gpus():
+    from dapo.launcher import accelerate_command
+    cmd = accelerate_command(python="/venv/bin/python", config_path="/r/cfg.yaml", run_dir="/r", nodes=2,
+                             gpus_per_node=8, machine_rank=1, main_ip="node-a", main_port=29512, fsdp=True,
+                             mixed_precision="bf16")
+    opts = dict(zip(cmd[3:-5:2], cmd[4:-5:2]))
+    assert cmd[:3] == ["/venv/bin/python", "-m", "accelerate.commands.launch"]
+    assert opts["--num_processes"] == "16" and opts["--num_machines"] == "2" and opts["--machine_rank"] == "1"
+    assert opts["--main_process_ip"] == "node-a" and opts["--main_process_port"] == "29512"
+    assert opts["--mixed_precision"] == "bf16"
+    assert Path(opts["--config_file"]) == REPO / "slurm" / "accelerate-fsdp.yaml"
+    assert "--multi_gpu" not in cmd and cmd[-5:] == ["-m", "dapo.train", "/r/cfg.yaml", "--run-dir", "/r"]
+    assert "--same_network" in cmd and cmd[cmd.index("--rdzv_backend") + 1] == "static"
+    ddp = accelerate_command(python="p", config_path="c", run_dir="r", nodes=1, gpus_per_node=8, machine_rank=0,
+                             main_ip="h", main_port=1, fsdp=False)
+    assert "--multi_gpu" in ddp and "--config_file" not in ddp and "--same_network" not in ddp
+    fsdp = yaml.safe_load((REPO / "slurm" / "accelerate-fsdp.yaml").read_text())
+    assert fsdp["distributed_type"] == "FSDP" and fsdp["fsdp_config"]["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+
+
+def test_sbatch_parameters_for_the_paper_sweep():
+    from dapo.launcher import sbatch_parameters
+    p = sbatch_parameters(load_spec(REPO / "sweeps" / "table1.yaml"), load_profile("example-gpu-cluster"))
+    assert (p["nodes"], p["gpus_per_node"], p["ntasks_per_node"], p["cpus_per_task"]) == (16, 8, 1, 96)
+    assert (p["time"], p["mem"], p["array_parallelism"], p["partition"]) == (10080, "1000GB", 2, "gpu")
+    assert p["setup"][:2] == ["module purge", "module load cuda/12.4"] and "export NCCL_DEBUG=WARN" in p["setup"]
+
+
+def test_checkpoint_requeues_a_bounded_number_of_times(tmp_path: Path):
+    from dapo.launcher import RunJob
+    job = RunJob({"name": "x"}, str(tmp_path), max_requeues=2)
+    first, second = job.checkpoint(), job.checkpoint()
+    assert first.function is job and second.function is job            # resubmits itself
+    assert json.loads((tmp_path / "requeues.json").read_text())["count"] == 2
+    assert job.checkpoint() is None                                      # then a clear failure
+    assert "max_requeues = 2 reached" in json.loads((tmp_path / "failed.json").read_text())["reason"]
+
+
+def test_status_maps_slurm_states_and_shows_the_failed_log(tmp_path: Path, monkeypatch):
+    from dapo import launcher
+    spec = load_spec(write_spec(tmp_path, seeds=[0, 1, 2]))
+    jobs = expand(spec, tmp_path)
+    folder = tmp_path / "sweeps" / "s" / "submitit" / "x"
+    folder.mkdir(parents=True)
+    (folder / "7_4_0_log.out").write_text("\n".join(f"line {i}" for i in range(30)) + "\nValueError: boom\n")
+    states = ["PENDING", "RUNNING", "REQUEUED", "COMPLETED", "FAILED", "CANCELLED"]
+    entries = [{"run_id": j.run_id, "arm": j.arm, "seed": j.seed, "run_dir": str(j.run_dir), "job_id": f"7_{i}"}
+               for i, j in enumerate(jobs)]
+    launcher._write_json(tmp_path / "sweeps" / "s" / "submissions.json",
+                         {"sweep": "s", "submissions": [{"executor": "slurm", "folder": str(folder), "jobs": entries}]})
+    jobs[3].run_dir.mkdir(parents=True)
+    (jobs[3].run_dir / "summary.json").write_text("{}")
+    monkeypatch.setattr(launcher, "_sacct", lambda ids: {f"7_{i}": s for i, s in enumerate(states)})
+    rows = launcher.status(spec, tmp_path)
+    assert [r["state"] for r in rows] == ["pending", "running", "requeued", "done", "failed", "failed"]
+    assert rows[4]["detail"] == "FAILED" and rows[4]["log_tail"].splitlines()[-1] == "ValueError: boom"
+    assert len(rows[4]["log_tail"].splitlines()) == 20
