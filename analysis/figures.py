@@ -350,7 +350,7 @@ def _finish(ctx: _Ctx, fig: Figure, axes, number: int, title: str, *, ylabels, p
     with matplotlib.rc_context(STYLE):
         for i, (ax, yl) in enumerate(zip(axes, ylabels)):
             ax.set_xlabel(xlabel or _X_LABELS[ctx.x])
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 5, 10], integer=True))
             ax.set_ylabel(yl)
             if panel_titles:
                 ax.set_title(panel_titles[i])

@@ -281,7 +281,7 @@ def _chunked(fn: Callable[..., Tensor], rows: Tensor, *extra: Tensor, chunk_size
     return torch.cat(outs)
 
 
-def token_entropy(logits: Tensor, chunk_size: int = 1024) -> Tensor:
+def token_entropy(logits: Tensor, chunk_size: int = 256) -> Tensor:
     """Entropy −Σ_v p log p of the distribution at each position.
 
     logits: [N, L, V] (any float dtype) -> [N, L] float32. Computed over chunks of
@@ -298,7 +298,7 @@ def _logprob_rows(z: Tensor, ids: Tensor) -> Tensor:
     return z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
 
 
-def logprobs_from_logits(logits: Tensor, ids: Tensor, chunk_size: int = 1024) -> Tensor:
+def logprobs_from_logits(logits: Tensor, ids: Tensor, chunk_size: int = 256) -> Tensor:
     """log π(ids) under softmax(logits).
 
     logits: [N, L, V]; ids: [N, L] int64 token ids -> [N, L] float32. Chunked over the N·L

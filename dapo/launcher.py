@@ -40,10 +40,12 @@ from dapo.sweep_spec import ClusterProfile, Job, Spec, check_resources, expand
 __all__ = ["RunJob", "accelerate_command", "sbatch_parameters", "setup_lines", "submit", "status",
            "cancel", "load_records", "SLURM_ACTIVE", "SLURM_FAILED"]
 
+# sacct (without --duplicates) shows a job's newest record: a requeued job reads REQUEUED, then
+# PENDING / RUNNING again; PREEMPTED as the newest record means it was not requeued.
 SLURM_ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
-                "SUSPENDED", "RESIZING", "STAGE_OUT", "SIGNALING", "PREEMPTED"}
+                "SUSPENDED", "RESIZING", "STAGE_OUT", "SIGNALING"}
 SLURM_FAILED = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
-                "REVOKED", "SPECIAL_EXIT"}
+                "REVOKED", "SPECIAL_EXIT", "PREEMPTED"}
 LOG_TAIL = 20
 
 
@@ -258,14 +260,16 @@ def _run_state(job: Job, entry: tuple[dict, dict] | None, slurm: dict[str, str])
     if sub["executor"] == "slurm":
         st = slurm.get(str(ent["job_id"]), "")
         row["detail"] = st or "not in sacct yet"
-        if st in ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED") or (st == "PENDING" and row["requeues"]):
+        if st in ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED") or (st == "PENDING" and row["requeues"]):
             row["state"] = "requeued"
-        elif st in ("PENDING", "") :
+        elif st in ("PENDING", ""):
             row["state"] = "pending"
         elif st in SLURM_ACTIVE:
             row["state"] = "running"
-        else:  # COMPLETED without summary.json, or a failure state
+        else:  # a failure state, or COMPLETED without summary.json
             row["state"] = "failed"
+            if st == "COMPLETED":
+                row["detail"] = "COMPLETED without summary.json"
     else:
         res = _local_result(sub, ent) if ent.get("job_id") else None
         if not ent.get("job_id"):
@@ -303,14 +307,19 @@ def status(spec: Spec, output: str | os.PathLike = "runs", jobs: list[Job] | Non
 
 # =========================================================================== submit / cancel
 def _init_tracking(jobs: list[Job]) -> None:
-    """Create the MLflow store and experiment once, before jobs race to do it."""
+    """Create a new sqlite MLflow store (tables + experiment) once, before jobs race to do it.
+
+    Jobs starting together on an empty sqlite file all run MLflow's table migrations and
+    collide; an existing store or a tracking server needs nothing (the Tracker copes with
+    two jobs creating the experiment at once).
+    """
     from dapo.tracking import default_tracking_uri
     seen = set()
     for j in jobs:
         uri = j.config.logging.tracking_uri or default_tracking_uri(j.config.output_dir)
-        if (uri, j.config.logging.experiment) in seen:
+        if not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).exists() or uri in seen:
             continue
-        seen.add((uri, j.config.logging.experiment))
+        seen.add(uri)
         from mlflow.tracking import MlflowClient
         client = MlflowClient(tracking_uri=uri)
         if client.get_experiment_by_name(j.config.logging.experiment) is None:
@@ -387,7 +396,9 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
             e["job_id"] = sj.job_id
         record["array_job_id"] = sjobs[0].job_id.split("_")[0]
         _write_json(path, records)
-        log(f"submitted {len(sjobs)} jobs as Slurm job {record['array_job_id']} (at most "
+        for j, e in zip(todo, entries):
+            log(f"  {j.arm:<24} seed {j.seed:<3} {j.run_id}  job {e['job_id']}")
+        log(f"submitted {len(sjobs)} jobs as Slurm job array {record['array_job_id']} (at most "
             f"{params['array_parallelism']} at a time); logs in {folder}")
         return record
     record["waiter_pid"] = str(os.getpid())

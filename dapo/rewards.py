@@ -15,13 +15,16 @@ imports neither torch nor math-verify: math-verify (and sympy) run in a worker p
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
 import os
 import re
 import select
 import subprocess
 import sys
 import threading
+import weakref
 from typing import Callable
 
 __all__ = [
@@ -187,7 +190,8 @@ def last_boxed(text: str) -> str | None:
 # in parallel. The worker is `python -m dapo.rewards`, fed JSON lines on stdin.
 WORKER_START_TIMEOUT_S = 120.0  # importing sympy + math-verify; not counted in timeout_s
 WORKER_MEMORY_BYTES = 4 << 30  # address-space limit of a worker (RLIMIT_AS)
-_workers = threading.local()
+_workers = threading.local()  # .worker: this thread's _Worker
+_live_workers: "weakref.WeakSet[_Worker]" = weakref.WeakSet()  # all of them, closed at exit
 
 
 class _Worker:
@@ -200,8 +204,12 @@ class _Worker:
             [sys.executable, "-m", "dapo.rewards"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, encoding="utf-8", env=env,
         )
+        _live_workers.add(self)
         if self._read_line(WORKER_START_TIMEOUT_S) != "ready":
             self.close()
+            logging.getLogger(__name__).error(
+                "math-verify worker did not start, so math_verify_score gives -1.0; "
+                "`%s -m dapo.rewards </dev/null` shows why", sys.executable)
             raise RuntimeError("math-verify worker did not start")
 
     def _read_line(self, timeout_s: float) -> str | None:
@@ -216,8 +224,24 @@ class _Worker:
         return self._read_line(timeout_s)
 
     def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        if not hasattr(self, "proc"):  # Popen itself failed
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:  # unflushed data for a dead worker (broken pipe)
+                pass
+
+    __del__ = close  # a finished thread's worker goes with it
+
+
+@atexit.register
+def _close_workers() -> None:
+    for worker in list(_live_workers):
+        worker.close()
 
 
 def _worker_main() -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dapo import algo
+from dapo import algo, faults
 from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dapo.config import Config, config_hash, flatten, load_config, to_dict
 from dapo.rewards import extract_answer, get_scorer
@@ -106,12 +106,16 @@ def collect_rollouts(engine, sampler, prompt_tokens, cfg: Config, rollout_step: 
             if not ds.enabled or bool(algo.informative_groups(corr[None])[0]):
                 kept.append((p, comps, ex, corr))
     if ds.enabled and len(kept) < B:
-        msg = (f"dynamic sampling kept {len(kept)}/{B} groups after {rounds} rounds "
-               f"({seen_groups} groups: {all_correct} all-correct, {all_wrong} all-wrong); "
-               f"raise algo.dynamic_sampling.max_gen_rounds or set on_exhausted=proceed")
-        if ds.on_exhausted == "error" or not kept:
+        msg = (f"rollout step {rollout_step}: dynamic sampling kept {len(kept)}/{B} groups after {rounds} "
+               f"rounds ({seen_groups} groups: {all_correct} all-correct, {all_wrong} all-wrong); raise "
+               f"algo.dynamic_sampling.max_gen_rounds (now {ds.max_gen_rounds}) or "
+               f"algo.dynamic_sampling.gen_batch_prompts, or set algo.dynamic_sampling.on_exhausted=proceed "
+               f"(now {ds.on_exhausted})")
+        if ds.on_exhausted == "error":
             raise DynamicSamplingExhausted(msg)
-        print(f"[dapo] warning: {msg}; proceeding with {len(kept)} groups", flush=True)
+        # proceed: train on what was kept; with nothing kept, this step makes no update
+        print(f"[dapo] warning: {msg}; proceeding with {len(kept)} groups"
+              + ("" if kept else " (no update this step: sampling/skipped_update = 1)"), flush=True)
     kept = kept[:B]
     prompt_ids, response_ids, finished, lengths = [], [], [], []
     for p, comps, _, _ in kept:
@@ -135,6 +139,7 @@ def collect_rollouts(engine, sampler, prompt_tokens, cfg: Config, rollout_step: 
         "sampling/all_correct_frac": all_correct / max(seen_groups, 1),
         "sampling/all_wrong_frac": all_wrong / max(seen_groups, 1),
         "sampling/gen_tokens": gen_tokens,
+        "sampling/skipped_update": 0.0 if kept else 1.0,
         "rollout/acc_mean": correct.float().mean().item() if kept else 0.0,
         "rollout/reward_mean": (score + penalty).mean().item() if kept else 0.0,
         "rollout/overlong_penalty_mean": penalty.mean().item() if kept else 0.0,
@@ -286,8 +291,9 @@ def update_policy(model, optimizer, scheduler, batch: RolloutBatch, old_logp: to
             if finite:
                 optimizer.step()
             elif cfg.train.nonfinite == "stop":
-                raise NonFiniteError(f"non-finite loss {acc.get('loss')} / grad norm {float(grad_norm)} "
-                                     f"at a gradient step; train.nonfinite=stop")
+                raise NonFiniteError(f"non-finite loss {acc.get('loss')} / grad norm {float(grad_norm)}; "
+                                     f"train.nonfinite=stop (skip would drop such gradient steps); "
+                                     f"the last checkpoint is untouched")
             else:
                 optimizer.zero_grad(set_to_none=True)
             scheduler.step()
@@ -495,7 +501,9 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
         t0 = time.time()
         # 1-3. sample prompts, generate G each, score, shape, dynamic sampling --------------------
         if is_main:
-            batch = _rollout_with_retry(engine, sampler, prompt_tokens, cfg, r, make_engine, model_path, policy)
+            batch, engine = _rollout_with_retry(
+                engine, sampler, prompt_tokens, cfg, r,
+                lambda: _make_engine_with_retry(make_engine, cfg, model_path, rdtype, policy), policy)
         else:
             batch = None
         batch, sampler_state = _broadcast((batch, sampler.state_dict()), world)
@@ -511,9 +519,16 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
         t_old = time.time() - t1
         # 6. several mini-batch updates ---------------------------------------------------------------
         t2 = time.time()
-        steps = update_policy(model, optimizer, scheduler, batch, old_lp, adv, loss_mask, cfg,
-                              pad_id=pad_id, device=device, autocast=autocast, rank=rank, world=world,
-                              ref_model=ref_model, shuffle_seed=_round_seed(cfg.train.seed, r, 0, salt=7))
+        try:
+            with faults.during_update(model, optimizer, r):   # test hooks (DAPO_FAULT_*); inert otherwise
+                steps = update_policy(model, optimizer, scheduler, batch, old_lp, adv, loss_mask, cfg,
+                                      pad_id=pad_id, device=device, autocast=autocast, rank=rank, world=world,
+                                      ref_model=ref_model, shuffle_seed=_round_seed(cfg.train.seed, r, 0, salt=7))
+        except NonFiniteError as exc:   # train.nonfinite=stop: say why on the MLflow run, then stop
+            if is_main:
+                tracker.set_tags({"dapo.status": "failed", "dapo.error": f"rollout step {r}: {exc}"})
+                tracker.finish("FAILED")
+            raise
         state["grad_step"] += len(steps)
         t_train = time.time() - t2
         if kill_at == r:  # fault injection (tests): die after the update, before the checkpoint
@@ -553,6 +568,7 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
                              sampler=sampler.state_dict(), wall_s=wall_prev + time.time() - t_loop)
                 save_checkpoint(run_dir, r, model=policy, optimizer=optimizer, scheduler=scheduler,
                                 state=state, keep_last=cfg.checkpoint.keep_last)
+                faults.kill_point("KILL_AFTER_CHECKPOINT", r)   # test hook: checkpointed, not yet flushed
                 tracker.flush()
                 state["pending"] = []
             accelerator.wait_for_everyone()
@@ -611,23 +627,32 @@ def _make_engine_with_retry(make_engine, cfg, model_path, rdtype, policy):
                        trainer_model=policy, **kw)
 
 
-def _rollout_with_retry(engine, sampler, prompt_tokens, cfg, r, make_engine, model_path, policy):
-    """collect_rollouts, retried ``rollout.retries`` times on an engine failure.
+def _rollout_with_retry(engine, sampler, prompt_tokens, cfg, r, new_engine, policy):
+    """collect_rollouts, retried ``rollout.retries`` times on an engine failure; returns (batch, engine).
 
-    The sampler is rewound before a retry so the step sees the same prompts.
+    Before a retry the engine is closed and re-created by ``new_engine()`` (a dead vLLM engine
+    cannot be reused) and given the current weights, and the sampler is rewound, so the step
+    sees the same prompts and seeds as if nothing had failed.
     """
     snap = sampler.state_dict()
     for attempt in range(cfg.rollout.retries + 1):
         try:
-            return collect_rollouts(engine, sampler, prompt_tokens, cfg, r)
+            return collect_rollouts(faults.engine_for_step(engine, r), sampler, prompt_tokens, cfg, r), engine
         except DynamicSamplingExhausted:
             raise
         except Exception as exc:  # the engine died mid-generation
             if attempt == cfg.rollout.retries:
-                raise RuntimeError(f"rollout step {r}: generation failed {attempt + 1} times; the run is "
-                                   f"resumable from its last checkpoint: {exc}") from exc
-            print(f"[dapo] rollout step {r}: engine failure ({exc!r}); retrying", flush=True)
+                raise RuntimeError(f"rollout step {r}: generation failed {attempt + 1} times "
+                                   f"(rollout.retries = {cfg.rollout.retries}); the run is resumable from "
+                                   f"its last checkpoint: {exc}") from exc
+            print(f"[dapo] rollout step {r}: engine failure ({exc!r}); re-creating the engine and "
+                  f"retrying ({attempt + 1}/{cfg.rollout.retries})", flush=True)
             sampler.load_state_dict(snap)
+            try:
+                engine.close()
+            except Exception as close_exc:  # noqa: BLE001 - a dead engine may not close cleanly
+                print(f"[dapo] closing the failed engine: {close_exc!r}", flush=True)
+            engine = new_engine()
             engine.update_weights(list(policy.state_dict().items()))
     raise AssertionError("unreachable")
 

@@ -100,7 +100,8 @@ boxed_responses = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(response=boxed_responses, truth=truths)
 def test_math_verify_score_total(response, truth):
-    assert rewards.math_verify_score(response, truth, timeout_s=2.0) in (1.0, -1.0)
+    # deadline=None: a timed-out call restarts its worker (~1 s); time is bounded by timeout_s
+    assert rewards.math_verify_score(response, truth, timeout_s=1.0) in (1.0, -1.0)

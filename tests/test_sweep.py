@@ -349,3 +349,13 @@ def test_status_maps_slurm_states_and_shows_the_failed_log(tmp_path: Path, monke
     assert [r["state"] for r in rows] == ["pending", "running", "requeued", "done", "failed", "failed"]
     assert rows[4]["detail"] == "FAILED" and rows[4]["log_tail"].splitlines()[-1] == "ValueError: boom"
     assert len(rows[4]["log_tail"].splitlines()) == 20
+
+
+def test_local_profile_has_an_embedded_default(tmp_path: Path, monkeypatch):
+    import dapo.sweep_spec as ss
+    monkeypatch.setattr(ss, "REPO_ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    prof = load_profile("local")
+    assert prof.path is None and prof.executor == "local" and prof.max_nodes == 1 and prof.max_cpus_per_task >= 1
+    with pytest.raises(ConfigError, match="no profile slurm/elsewhere.yaml"):
+        load_profile("elsewhere")
