@@ -27,7 +27,8 @@ variable                            effect
                                     ``$DAPO_FAULT_MARKER_DIR/<point>@<step>`` is created
                                     first and a present marker disarms the pause (so a
                                     requeued job goes on)
-``DAPO_FAULT_NONFINITE``            ``=loss@s`` | ``grad@s`` | ``weights@s``: during step s's
+``DAPO_FAULT_NONFINITE``            ``=loss@s`` | ``grad@s`` | ``weights@s`` (comma-separated
+                                    list allowed): during step s's
                                     update make the logits NaN (so loss and gradients are
                                     NaN), make one parameter's gradient inf, or set one
                                     weight to NaN before the update
@@ -134,9 +135,13 @@ def engine_for_step(engine: Any, step: int) -> Any:
     return engine
 
 
-def _nonfinite() -> tuple[str, int]:
-    kind, _, step = os.environ.get("DAPO_FAULT_NONFINITE", "").partition("@")
-    return kind, int(step) if step.isdigit() else 0
+def _nonfinite(step: int) -> str:
+    """The non-finite fault kind DAPO_FAULT_NONFINITE names for ``step`` ('' = none)."""
+    for item in os.environ.get("DAPO_FAULT_NONFINITE", "").split(","):
+        kind, _, at = item.strip().partition("@")
+        if at.isdigit() and int(at) == step:
+            return kind
+    return ""
 
 
 @contextlib.contextmanager
@@ -153,8 +158,8 @@ def during_update(model: Any, optimizer: Any, step: int) -> Iterator[None]:
                 pause_point("update", step)
         inner = getattr(optimizer, "optimizer", optimizer)   # accelerate wraps the torch optimizer
         handles.append(inner.register_step_post_hook(after_first_step))
-    kind, at = _nonfinite()
-    if at == step:
+    kind = _nonfinite(step)
+    if kind:
         param = next(p for p in model.parameters() if p.requires_grad)
         print(f"[dapo] fault injection: non-finite {kind} in rollout step {step}", flush=True)
         if kind == "loss":

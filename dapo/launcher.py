@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -216,6 +217,38 @@ def _local_alive(pid: str | None, needle: str = "submitit") -> bool:
     return needle in cmd and stat not in ("Z", "X")
 
 
+def _local_tree(pid: str) -> list[int]:
+    """``pid`` and its descendants that are submitit processes (shell, controller, task), leaves first."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [int(pid)]
+    while todo:
+        p = todo.pop()
+        if _local_alive(str(p)):
+            out.append(p)
+            todo += children.get(p, [])
+    return out[::-1]
+
+
+def _kill_local(pid: str) -> None:
+    """Stop a local job for good: SIGKILL its submitit processes (the run keeps its checkpoints).
+
+    Signals are not enough: the task ignores SIGTERM (submitit's handler) and SIGINT is
+    ignored by processes started from a background shell.
+    """
+    for p in _local_tree(pid):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _log_path(sub: dict, job: dict) -> Path | None:
     if not job.get("job_id"):
         return None
@@ -272,7 +305,9 @@ def _run_state(job: Job, entry: tuple[dict, dict] | None, slurm: dict[str, str])
                 row["detail"] = "COMPLETED without summary.json"
     else:
         res = _local_result(sub, ent) if ent.get("job_id") else None
-        if not ent.get("job_id"):
+        if ent.get("cancelled"):
+            row["state"], row["detail"] = "failed", "cancelled before it started"
+        elif not ent.get("job_id"):
             row["state"], row["detail"] = ("pending", "queued locally") if _local_alive(sub.get("waiter_pid"), "") \
                 else ("failed", "never started (the submitting process ended)")
         elif _local_alive(ent["job_id"]):
@@ -403,12 +438,17 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
         return record
     record["waiter_pid"] = str(os.getpid())
     _write_json(path, records)
-    _run_local(spec, profile, params, folder, todo, entries, lambda: _write_json(path, records), log)
+    stop = path.with_name("cancel-requested")
+    stop.unlink(missing_ok=True)
+    _run_local(spec, profile, params, folder, todo, entries, lambda: _write_json(path, records), log, stop)
     return record
 
 
-def _run_local(spec, profile, params, folder, todo, entries, save, log) -> None:
-    """Run jobs with submitit's LocalExecutor, at most ``array_parallelism`` at once; wait for all."""
+def _run_local(spec, profile, params, folder, todo, entries, save, log, stop: Path) -> None:
+    """Run jobs with submitit's LocalExecutor, at most ``array_parallelism`` at once; wait for all.
+
+    ``dapo sweep cancel`` (another process) creates ``stop``: start nothing more, stop what runs.
+    """
     ex = submitit.LocalExecutor(folder, max_num_timeout=spec.max_requeues, python=_python(profile))
     ex.update_parameters(timeout_min=spec.resources.time_min, setup=params["setup"],
                          signal_delay_s=profile.signal_delay_s, stderr_to_stdout=True)
@@ -417,6 +457,12 @@ def _run_local(spec, profile, params, folder, todo, entries, save, log) -> None:
     running: list = []
     try:
         while queue or running:
+            if stop.exists():
+                for _, e in queue:
+                    e["cancelled"] = True
+                save()
+                log(f"cancel requested: {len(queue)} queued job(s) dropped, {len(running)} stopped")
+                raise KeyboardInterrupt
             while queue and len(running) < cap:
                 j, e = queue.pop(0)
                 sj = ex.submit(_make_job(spec, j, profile))
@@ -429,9 +475,11 @@ def _run_local(spec, profile, params, folder, todo, entries, save, log) -> None:
                 running.remove((j, sj))
                 log(f"ended {j.arm} seed {j.seed} ({j.run_id}): {'done' if j.finished else 'FAILED'}")
     except KeyboardInterrupt:
-        for _, sj in running:
-            sj.cancel(check=False)
-        raise
+        for j, sj in running:
+            _kill_local(sj.job_id)
+            _write_json(j.run_dir / "failed.json", {"reason": "cancelled", "time": _now()})
+        if not stop.exists():
+            raise
 
 
 def cancel(spec: Spec, output: str | os.PathLike = "runs", log=print) -> list[str]:
@@ -448,8 +496,11 @@ def cancel(spec: Spec, output: str | os.PathLike = "runs", log=print) -> list[st
         proc = subprocess.run(["scancel", *slurm_ids], capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:
             raise RuntimeError(f"scancel {' '.join(slurm_ids)} failed: {proc.stderr.strip()}")
-    for pid in local_ids:
-        if _local_alive(pid):
-            os.kill(int(pid), 15)
+    if any(latest[r["run_id"]][0]["executor"] == "local" and r["state"] in ("pending", "running") for r in rows):
+        (_records_path(out, spec.name).with_name("cancel-requested")).touch()   # the local waiter stops
+    for r in rows:
+        if str(r["job_id"]) in local_ids:
+            _kill_local(str(r["job_id"]))
+            _write_json(out / "runs" / r["run_id"] / "failed.json", {"reason": "cancelled", "time": _now()})
     log(f"cancelled {len(slurm_ids) + len(local_ids)} job(s): {' '.join(slurm_ids + local_ids) or '-'}")
     return slurm_ids + local_ids

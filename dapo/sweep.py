@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from dapo.config import ConfigError, parse_overrides
 from dapo.sweep_spec import (Arm, ClusterProfile, Job, Spec, arms, check_resources, expand, load_profile,
@@ -101,7 +100,7 @@ def cmd_status(args) -> int:
                    r["detail"]] for r in rows],
                  ["arm", "seed", "run_id", "state", "step", "requeues", "job", "detail"]))
     for r in rows:
-        if r["state"] == "failed":
+        if r["state"] == "failed" and r["log"]:
             print(f"\n--- {r['arm']} seed {r['seed']} ({r['run_id']}) failed: {r['detail']}; "
                   f"last lines of {r['log']}:\n{r['log_tail']}")
     return 1 if counts.get("failed") else 0

@@ -347,16 +347,20 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
 
 
 # =========================================================================== arms and jobs
+def _grid_keys(grid) -> list[str]:
+    """Short names of the grid keys (the last dotted part, unless two keys share it)."""
+    short = [k.rsplit(".", 1)[-1] for k, _ in grid]
+    return short if len(set(short)) == len(short) else [k for k, _ in grid]
+
+
 def _grid_arm_names(grid) -> list[str]:
+    """``eps_high-0.28__lr-1e-05``: names that satisfy NAME_RE."""
     def fmt(v: Any) -> str:
         s = json.dumps(v) if not isinstance(v, str) else v
         return re.sub(r"[^A-Za-z0-9.-]+", "_", s).strip("_") or "x"
-    short = [k.rsplit(".", 1)[-1] for k, _ in grid]
-    keys = short if len(set(short)) == len(short) else [k for k, _ in grid]
-    names = []
-    for combo in itertools.product(*(vals for _, vals in grid)):
-        names.append("__".join(f"{k}-{fmt(v)}" for k, v in zip(keys, combo)))
-    return names
+    keys = _grid_keys(grid)
+    return ["__".join(f"{k}-{fmt(v)}" for k, v in zip(keys, combo))
+            for combo in itertools.product(*(vals for _, vals in grid))]
 
 
 def arms(spec: Spec) -> list[Arm]:
@@ -366,7 +370,7 @@ def arms(spec: Spec) -> list[Arm]:
         combos = list(itertools.product(*(vals for _, vals in spec.grid)))
         for name, combo in zip(_grid_arm_names(spec.grid), combos):
             ov = {k: v for (k, _), v in zip(spec.grid, combo)}
-            label = ", ".join(f"{k}={v}" for k, v in ov.items())
+            label = ", ".join(f"{k}={v}" for k, v in zip(_grid_keys(spec.grid), combo))
             out.append(Arm(name, label, ov, spec.paper.get(name)))
         return out
     b, ts = spec.baseline, spec.techniques

@@ -170,6 +170,9 @@ class Tracker:
         if not enabled:
             return
         from mlflow.tracking import MlflowClient
+        if _sqlite_path(tracking_uri) is not None:   # import outside the lock what opening the store needs
+            import mlflow.store.db.utils  # noqa: F401
+            import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
         with store_lock(tracking_uri):
             self.client = MlflowClient(tracking_uri=tracking_uri)   # creates (migrates) a new store
             exp = self._call(self.client.get_experiment_by_name, experiment, what="get experiment")

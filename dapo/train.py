@@ -107,15 +107,15 @@ def collect_rollouts(engine, sampler, prompt_tokens, cfg: Config, rollout_step: 
                 kept.append((p, comps, ex, corr))
     if ds.enabled and len(kept) < B:
         msg = (f"rollout step {rollout_step}: dynamic sampling kept {len(kept)}/{B} groups after {rounds} "
-               f"rounds ({seen_groups} groups: {all_correct} all-correct, {all_wrong} all-wrong); raise "
-               f"algo.dynamic_sampling.max_gen_rounds (now {ds.max_gen_rounds}) or "
-               f"algo.dynamic_sampling.gen_batch_prompts, or set algo.dynamic_sampling.on_exhausted=proceed "
-               f"(now {ds.on_exhausted})")
+               f"rounds = algo.dynamic_sampling.max_gen_rounds of {cfg.gen_batch_prompts} prompts "
+               f"({seen_groups} groups: {all_correct} all-correct, {all_wrong} all-wrong)")
         if ds.on_exhausted == "error":
-            raise DynamicSamplingExhausted(msg)
+            raise DynamicSamplingExhausted(
+                f"{msg}; raise algo.dynamic_sampling.max_gen_rounds or algo.dynamic_sampling.gen_batch_prompts, "
+                f"or set algo.dynamic_sampling.on_exhausted=proceed to train on what was kept")
         # proceed: train on what was kept; with nothing kept, this step makes no update
-        print(f"[dapo] warning: {msg}; proceeding with {len(kept)} groups"
-              + ("" if kept else " (no update this step: sampling/skipped_update = 1)"), flush=True)
+        print(f"[dapo] warning: {msg}; algo.dynamic_sampling.on_exhausted=proceed: training on {len(kept)} "
+              f"groups" + ("" if kept else " = no update this step (sampling/skipped_update = 1)"), flush=True)
     kept = kept[:B]
     prompt_ids, response_ids, finished, lengths = [], [], [], []
     for p, comps, _, _ in kept:
@@ -140,12 +140,12 @@ def collect_rollouts(engine, sampler, prompt_tokens, cfg: Config, rollout_step: 
         "sampling/all_wrong_frac": all_wrong / max(seen_groups, 1),
         "sampling/gen_tokens": gen_tokens,
         "sampling/skipped_update": 0.0 if kept else 1.0,
-        "rollout/acc_mean": correct.float().mean().item() if kept else 0.0,
-        "rollout/reward_mean": (score + penalty).mean().item() if kept else 0.0,
-        "rollout/overlong_penalty_mean": penalty.mean().item() if kept else 0.0,
-        "rollout/response_len_mean": float(np.mean(lengths)) if lengths else 0.0,
-        "rollout/response_len_max": float(np.max(lengths)) if lengths else 0.0,
-        "rollout/truncated_frac": (~finished_t).float().mean().item() if kept else 0.0,
+        "rollout/acc_mean": correct.float().mean().item() if kept else math.nan,   # nan: nothing kept
+        "rollout/reward_mean": (score + penalty).mean().item() if kept else math.nan,
+        "rollout/overlong_penalty_mean": penalty.mean().item() if kept else math.nan,
+        "rollout/response_len_mean": float(np.mean(lengths)) if lengths else math.nan,
+        "rollout/response_len_max": float(np.max(lengths)) if lengths else math.nan,
+        "rollout/truncated_frac": (~finished_t).float().mean().item() if kept else math.nan,
     }
     return RolloutBatch(prompt_ids, response_ids, finished_t, correct, score + penalty, penalty, stats)
 
@@ -467,6 +467,7 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
                           "dapo.seed": cfg.train.seed, "dapo.run_id": run_dir.name,
                           "dapo.config_hash": config_hash(cfg), "dapo.git_commit": git_commit(),
                           "dapo.status": "running", "dapo.run_dir": str(run_dir.resolve()),
+                          "dapo.data.train": report.summary(), "dapo.data.too_long_prompts": too_long,
                           **environment_tags(), **(tags or {})})
         tracker.log_params(flatten(to_dict(cfg)))
         tracker.log_artifact(run_dir / "config.yaml")

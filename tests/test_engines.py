@@ -53,20 +53,20 @@ def vllm_engine(tiny_path):
     eng.close()
 
 
-def eosy_model(path, p_eos_logit_boost: float = 3.0):
-    """The tiny model, edited so EOS is sampled often (about 1 step in 6).
+def eosy_model(path, eos_logit_boost: float = 3.0):
+    """The tiny model, edited so EOS is sampled often (about 1 step in 10).
 
-    Embedding column 0 is set to 1 for every token, so the residual stream (and, after
-    the final RMSNorm, the hidden state h) is dominated by that direction, h_0 ~ 15:
-    all logits h . E_v become nearly equal except EOS, whose E[eos, 0] is raised so
-    its logit is higher by about ``p_eos_logit_boost``. Tied embeddings: the same
-    matrix is the output layer.
+    Embedding column 0 is set to 10 for every token, so the residual stream is
+    dominated by that direction and the final hidden state has h_0 >~ 14: every logit
+    h . E_v then gets the same large term (which cancels in the softmax), except EOS,
+    whose E[eos, 0] is raised so its logit is higher by about ``eos_logit_boost``.
+    Tied embeddings: the same matrix is the input and the output layer.
     """
     m = load_model(path)
     with torch.no_grad():
         e = m.model.embed_tokens.weight  # [V, D]
-        e[:, 0] = 1.0
-        e[m.config.eos_token_id, 0] += p_eos_logit_boost / 15.0
+        e[:, 0] = 10.0
+        e[m.config.eos_token_id, 0] += eos_logit_boost / 14.0
     return m
 
 

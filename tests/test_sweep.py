@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import stat
 import subprocess
 import sys
+import time
+from shlex import quote as shlex_quote
 from pathlib import Path
 
 import pytest
@@ -359,3 +360,47 @@ def test_local_profile_has_an_embedded_default(tmp_path: Path, monkeypatch):
     assert prof.path is None and prof.executor == "local" and prof.max_nodes == 1 and prof.max_cpus_per_task >= 1
     with pytest.raises(ConfigError, match="no profile slurm/elsewhere.yaml"):
         load_profile("elsewhere")
+
+
+def test_a_multi_node_job_starts_accelerate_with_its_node_rank(tmp_path: Path, monkeypatch):
+    """RunJob on node 1 of a 2-node × 8-GPU allocation (Slurm env faked; accelerate not run)."""
+    from dapo import launcher
+    from dapo.config import build_config, load_config, to_dict
+    cfg = load_config(REPO / "experiments" / "paper-dapo-32b.yaml", ["launch.num_nodes=2"])
+    env = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4321", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
+           "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    calls = []
+    monkeypatch.setattr(launcher.subprocess, "run", lambda cmd: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    job = launcher.RunJob(to_dict(cfg), str(tmp_path), max_requeues=1, python="/venv/bin/python")
+    assert job() is None                                           # only node 0 returns the summary
+    [cmd] = calls
+    get = lambda flag: cmd[cmd.index(flag) + 1]                    # noqa: E731
+    assert (get("--num_processes"), get("--num_machines"), get("--machine_rank")) == ("16", "2", "1")
+    assert get("--main_process_ip") == "gpu07" and get("--main_process_port") == str(20000 + 4321)
+    assert Path(get("--config_file")).name == "accelerate-fsdp.yaml" and cmd[0] == "/venv/bin/python"
+    written = yaml.safe_load(Path(cmd[-3]).read_text())
+    assert config_hash(build_config(written)) == config_hash(cfg) and cmd[-2:] == ["--run-dir", str(tmp_path)]
+    assert not (tmp_path / "job.json").exists()                    # written by global rank 0 only
+
+
+def test_cancelling_a_local_job_kills_its_whole_process_tree():
+    """A local job is `sh -c ... && python -m submitit.local._local` → controller → task; all must go,
+    even with SIGINT ignored (as for anything started from a background shell)."""
+    from dapo import launcher
+    py = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    shell = subprocess.Popen(["sh", "-c", f"{shlex_quote(sys.executable)} -c {shlex_quote(py)} submitit-task & "
+                              f"{shlex_quote(sys.executable)} -c {shlex_quote(py)} submitit-controller; : submitit"],
+                             preexec_fn=lambda: __import__("signal").signal(2, 1))
+    deadline = time.monotonic() + 20
+    while len(launcher._local_tree(str(shell.pid))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    tree = launcher._local_tree(str(shell.pid))
+    assert len(tree) == 3 and tree[-1] == shell.pid
+    launcher._kill_local(str(shell.pid))
+    shell.wait(10)                                                 # ended (killed, or its child was)
+    deadline = time.monotonic() + 10
+    while any(launcher._local_alive(str(p)) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(launcher._local_alive(str(p)) for p in tree)

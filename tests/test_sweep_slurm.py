@@ -39,7 +39,7 @@ def _spec_file(folder: Path, name: str, base_overrides: dict, **extra) -> Path:
             "base_overrides": {**SMALL, **base_overrides}, "grid": {"algo.clip.eps_high": [0.28]},
             "seeds": [0], "metric": "eval/arith-eval/avg_at_2", "final_k": 1,
             "resources": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 2, "time_min": 10},
-            "max_concurrent": 1, "max_requeues": 2, **extra}
+            "max_concurrent": 1, "max_requeues": 1, **extra}
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -148,30 +148,45 @@ def test_cancel_scancels_the_sweeps_jobs(launched):
     assert row["state"] == "failed" and row["detail"] == "CANCELLED", row
 
 
-def test_preempted_job_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(launched):
+def test_preempted_job_requeues_then_fails_clearly_then_resumes_on_resubmission(launched):
+    """Preempt twice (max_requeues 1): the first time submitit requeues the job and the loop
+    resumes from its checkpoint; the second time the job fails with a clear reason; a
+    resubmission resumes from the newest checkpoint. The finished run's metrics equal those
+    of the uninterrupted twin (same run id, run locally), every step logged once."""
     import submitit
     L = launched
     [entry] = L.preempt_rec["jobs"]
     run_dir = Path(entry["run_dir"])
-    L.wait("the second checkpoint", lambda: (run_dir / "checkpoints" / "step_000002" / "state.json").is_file(),
-           every=0.2)
-    assert not (run_dir / "summary.json").exists(), "the run ended before it could be preempted"
-    submitit.SlurmJob(folder=L.preempt_rec["folder"], job_id=entry["job_id"])._interrupt()
+    ckpt = lambda step: (run_dir / "checkpoints" / f"step_{step:06d}" / "state.json").is_file()  # noqa: E731
     seen = set()
 
-    def ended():
+    def state(*final):
         [row] = L.status(L.preempt_spec, L.preempt_out)
         seen.add(row["state"])
-        return row if row["state"] in ("done", "failed") else None
-    row = L.wait("the preempted run to finish", ended, every=0.3)
-    assert row["state"] == "done" and row["requeues"] == 1 and "requeued" in seen, (row, seen)
+        return row if row["state"] in final else None
+
+    L.wait("checkpoint 2", lambda: ckpt(2), every=0.2)
+    assert not (run_dir / "summary.json").exists(), "the run ended before it could be preempted"
+    submitit.SlurmJob(folder=L.preempt_rec["folder"], job_id=entry["job_id"])._interrupt()
+    L.wait("the requeued job to pass checkpoint 4", lambda: ckpt(4) or state("done", "failed"), every=0.2)
+    assert ckpt(4) and not (run_dir / "summary.json").exists() and "requeued" in seen, seen
+    submitit.SlurmJob(folder=L.preempt_rec["folder"], job_id=entry["job_id"])._interrupt()
+    row = L.wait("the job to give up", lambda: state("done", "failed"), every=0.3)
+    assert row["state"] == "failed" and "max_requeues = 1 reached" in row["detail"], row
     log = Path(row["log"]).read_text()
-    assert "requeue 1/2" in log and "resuming from" in log
+    assert "requeue 1/1" in log and "resuming from" in log and "giving up" in log
+
+    rec = launcher.submit(L.preempt_spec, load_profile("local"), L.preempt_out, executor="slurm", log=lambda *_: None)
+    assert [j["run_id"] for j in rec["jobs"]] == [entry["run_id"]] and rec["jobs"][0]["job_id"] != entry["job_id"]
+    row = L.wait("the resubmitted run to finish", lambda: state("done", "failed"), every=0.5)
+    assert row["state"] == "done" and row["requeues"] == 0, row
+    assert "resuming from" in Path(row["log"]).read_text() and "step_000004" in Path(row["log"]).read_text()
+
     assert L.reference.wait(WAIT_S) == 0, (L.root / "reference.log").read_text()
     ref_dir = L.reference_out / "runs" / row["run_id"]                 # the same run id, another output root
     a, b = (json.loads((d / "summary.json").read_text()) for d in (run_dir, ref_dir))
     assert (a["rollout_steps"], a["grad_steps"]) == (b["rollout_steps"], b["grad_steps"]) == (6, 12)
-    assert a["final_eval"] == b["final_eval"]
+    assert a["final_eval"] == b["final_eval"] and a["mlflow_run_id"] != b["mlflow_run_id"]
     for key in ("train/loss", "train/entropy", "train/grad_norm", "rollout/response_len_mean"):
         ha, hb = _history(run_dir / "summary.json", key), _history(ref_dir / "summary.json", key)
         assert len(ha) == 6 and ha == hb, key                           # every step once, same numbers
