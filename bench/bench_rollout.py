@@ -68,8 +68,12 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per vLLM variant")
     ap.add_argument("--hf-repeats", type=int, default=2, help="timed runs of the HF engine (0 = skip)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="OMP_NUM_THREADS for this run (default: the environment's, else all CPUs)")
     args = ap.parse_args()
 
+    if args.threads is not None:  # before torch is imported
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
@@ -137,7 +141,8 @@ def main() -> None:
     raw_med = statistics.median(r[0] for r in results["raw vllm.LLM.generate"])
     print()
     print(f"Machine: {cpu_model()}, {os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))}), "
-          f"torch {torch.__version__} ({eng_threads} threads), vllm {vllm.__version__}, "
+          f"torch {torch.__version__} ({eng_threads} threads, OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS')}), vllm {vllm.__version__}, "
           f"python {platform.python_version()}")
     print(f"Model {args.model} ({args.dtype}); {args.prompts} prompts x {args.n} samples, "
           f"{args.max_tokens} new tokens max, temperature {args.temperature}, top_p {args.top_p}; "

@@ -263,14 +263,18 @@ def _entropy_rows(z: Tensor) -> Tensor:
     return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1)
 
 
-def _chunked(fn: Callable[..., Tensor], rows: Tensor, *extra: Tensor, chunk_size: int) -> Tensor:
+def _chunked(fn: Callable[..., Tensor], rows: Tensor, *extra: Tensor, chunk_size: Optional[int]) -> Tensor:
     """fn over row chunks of rows: [M, V] (and extra: [M, ...]) -> [M].
 
     With autograd on, each chunk is checkpointed: the forward keeps no [chunk, V]
     intermediates alive and the backward recomputes them one chunk at a time.
     """
+    if chunk_size is None:  # ~16 MiB of float32 scratch per chunk: 64k rows at V=64, 27 rows at 150k
+        chunk_size = max(16, (1 << 22) // max(rows.shape[-1], 1))
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
+    if rows.shape[0] <= chunk_size:  # one chunk: checkpointing would only add a recompute
+        return fn(rows, *extra)
     grad = torch.is_grad_enabled() and rows.requires_grad
     outs = []
     for start in range(0, rows.shape[0], chunk_size):
@@ -281,12 +285,12 @@ def _chunked(fn: Callable[..., Tensor], rows: Tensor, *extra: Tensor, chunk_size
     return torch.cat(outs)
 
 
-def token_entropy(logits: Tensor, chunk_size: int = 256) -> Tensor:
+def token_entropy(logits: Tensor, chunk_size: Optional[int] = None) -> Tensor:
     """Entropy −Σ_v p log p of the distribution at each position.
 
     logits: [N, L, V] (any float dtype) -> [N, L] float32. Computed over chunks of
-    `chunk_size` of the N·L rows, so a 150k vocabulary needs only [chunk_size, V] float32 of
-    scratch; works with and without autograd.
+    `chunk_size` of the N·L rows (default: ~16 MiB of float32 per chunk, so a 150k
+    vocabulary needs only [27, V] of scratch); works with and without autograd.
     """
     n, l, v = logits.shape
     return _chunked(_entropy_rows, logits.reshape(n * l, v), chunk_size=chunk_size).view(n, l)
@@ -298,7 +302,7 @@ def _logprob_rows(z: Tensor, ids: Tensor) -> Tensor:
     return z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
 
 
-def logprobs_from_logits(logits: Tensor, ids: Tensor, chunk_size: int = 256) -> Tensor:
+def logprobs_from_logits(logits: Tensor, ids: Tensor, chunk_size: Optional[int] = None) -> Tensor:
     """log π(ids) under softmax(logits).
 
     logits: [N, L, V]; ids: [N, L] int64 token ids -> [N, L] float32. Chunked over the N·L

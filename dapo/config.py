@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,6 +229,9 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+_FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
 def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     """Check ``value`` against the annotation ``tp``; return the typed value or raise."""
     def bad(extra: str = "") -> ConfigError:
@@ -276,6 +280,8 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
             raise bad()
         return value
     if tp is float:
+        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
+            value = float(value)  # PyYAML reads `1e-6` (no dot) as a string (YAML 1.1)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad()
         return float(value)

@@ -48,6 +48,7 @@ SLURM_ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
 SLURM_FAILED = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
                 "REVOKED", "SPECIAL_EXIT", "PREEMPTED"}
 LOG_TAIL = 20
+UNKNOWN_AFTER_S = 600   # a job sacct still does not know this long after submission is gone
 
 
 # =========================================================================== pure builders
@@ -146,15 +147,20 @@ class RunJob(submitit.helpers.Checkpointable):
         return json.loads(done.read_text()) if env.node == 0 and done.is_file() else None
 
     def checkpoint(self, *args: Any, **kwargs: Any):
-        """Preempted or out of time: requeue (the loop resumes from its checkpoint), at most max_requeues times."""
+        """Preempted or out of time: requeue (the loop resumes from its checkpoint), at most max_requeues times.
+
+        Runs inside submitit's USR2 handler, i.e. wherever the training loop happened to be.
+        Out of budget it raises SystemExit rather than returning None: submitit would then
+        raise an ordinary exception from the handler, which a retry ``except Exception`` in
+        the loop can swallow (the job would go on training with no requeue left).
+        """
         path = Path(self.run_dir) / "requeues.json"
         n = (json.loads(path.read_text())["count"] if path.is_file() else 0) + 1
         if n > self.max_requeues:
             reason = (f"preempted or timed out {n} times; max_requeues = {self.max_requeues} reached. "
                       f"The last checkpoint is kept: resubmit the sweep to continue.")
             _write_json(Path(self.run_dir) / "failed.json", {"reason": reason, "time": _now()})
-            print(f"[dapo] giving up: {reason}", file=sys.stderr, flush=True)
-            return None
+            raise SystemExit(f"[dapo] giving up: {reason}")      # exit status 1: Slurm says FAILED
         _write_json(path, {"count": n, "time": _now()})
         print(f"[dapo] requeue {n}/{self.max_requeues}: the run resumes from its last checkpoint", flush=True)
         return super().checkpoint(*args, **kwargs)
@@ -192,16 +198,19 @@ def _latest_entries(records: dict) -> dict[str, tuple[dict, dict]]:
 
 
 # =========================================================================== state
-def _sacct(job_ids: list[str]) -> dict[str, str]:
-    """job id → Slurm state (first word), from one sacct call; {} when sacct is unavailable."""
+def _sacct(job_ids: list[str]) -> dict[str, str] | None:
+    """job id → Slurm state (first word), from one sacct call; None when sacct cannot answer."""
     mains = sorted({j.split("_")[0] for j in job_ids if j})
     if not mains:
         return {}
     cmd = ["sacct", "-o", "JobID,State", "--parsable2"] + [a for m in mains for a in ("-j", m)]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
-        return {}
+        return None
+    if proc.returncode != 0:
+        return None
+    out = proc.stdout
     from submitit.slurm.slurm import SlurmInfoWatcher
     info = SlurmInfoWatcher().read_info(out)
     return {k: (v.get("State") or "UNKNOWN").split()[0] for k, v in info.items()}
@@ -272,7 +281,14 @@ def _local_result(sub: dict, job: dict) -> str | None:
         return None
 
 
-def _run_state(job: Job, entry: tuple[dict, dict] | None, slurm: dict[str, str]) -> dict[str, Any]:
+def _age_s(sub: dict) -> float:
+    try:
+        return (datetime.now(timezone.utc) - datetime.fromisoformat(sub["time"])).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+
+
+def _run_state(job: Job, entry: tuple[dict, dict] | None, slurm: dict[str, str] | None) -> dict[str, Any]:
     """One status row: state, detail (Slurm state / reason), job id, requeues, progress, log."""
     row: dict[str, Any] = {"arm": job.arm, "seed": job.seed, "run_id": job.run_id, "job_id": None,
                            "state": "not submitted", "detail": "", "requeues": 0, "step": _progress(job),
@@ -290,10 +306,14 @@ def _run_state(job: Job, entry: tuple[dict, dict] | None, slurm: dict[str, str])
     if entry is None:
         return row
     sub, ent = entry
-    if sub["executor"] == "slurm":
+    if sub["executor"] == "slurm" and slurm is None:
+        row["state"], row["detail"] = "unknown", "sacct did not answer (is SLURM_CONF set?)"
+    elif sub["executor"] == "slurm":
         st = slurm.get(str(ent["job_id"]), "")
         row["detail"] = st or "not in sacct yet"
-        if st in ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED") or (st == "PENDING" and row["requeues"]):
+        if not st and _age_s(sub) > UNKNOWN_AFTER_S:
+            row["state"], row["detail"] = "failed", "unknown to sacct (was the cluster's state wiped?)"
+        elif st in ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED") or (st == "PENDING" and row["requeues"]):
             row["state"] = "requeued"
         elif st in ("PENDING", ""):
             row["state"] = "pending"
@@ -390,7 +410,7 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
         st = rows[j.run_id]["state"]
         if st == "done":
             skipped.append({"run_id": j.run_id, "arm": j.arm, "seed": j.seed, "reason": "finished"})
-        elif st in ("pending", "running", "requeued"):
+        elif st in ("pending", "running", "requeued", "unknown"):
             skipped.append({"run_id": j.run_id, "arm": j.arm, "seed": j.seed,
                             "reason": f"still {st} as job {rows[j.run_id]['job_id']}"})
         else:
@@ -489,7 +509,7 @@ def cancel(spec: Spec, output: str | os.PathLike = "runs", log=print) -> list[st
     latest = _latest_entries(load_records(out, spec.name))
     slurm_ids, local_ids = [], []
     for r in rows:
-        if r["state"] not in ("pending", "running", "requeued") or not r["job_id"]:
+        if r["state"] not in ("pending", "running", "requeued", "unknown") or not r["job_id"]:
             continue
         (slurm_ids if latest[r["run_id"]][0]["executor"] == "slurm" else local_ids).append(str(r["job_id"]))
     if slurm_ids:

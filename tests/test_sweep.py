@@ -327,7 +327,8 @@ def test_checkpoint_requeues_a_bounded_number_of_times(tmp_path: Path):
     first, second = job.checkpoint(), job.checkpoint()
     assert first.function is job and second.function is job            # resubmits itself
     assert json.loads((tmp_path / "requeues.json").read_text())["count"] == 2
-    assert job.checkpoint() is None                                      # then a clear failure
+    with pytest.raises(SystemExit, match="giving up"):                  # then a clear failure, which no
+        job.checkpoint()                                                 # `except Exception` can swallow
     assert "max_requeues = 2 reached" in json.loads((tmp_path / "failed.json").read_text())["reason"]
 
 
@@ -404,3 +405,19 @@ def test_cancelling_a_local_job_kills_its_whole_process_tree():
     while any(launcher._local_alive(str(p)) for p in tree) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(launcher._local_alive(str(p)) for p in tree)
+
+
+def test_status_when_sacct_is_silent(tmp_path: Path, monkeypatch):
+    from dapo import launcher
+    spec = load_spec(write_spec(tmp_path, seeds=[0]))
+    jobs = expand(spec, tmp_path)
+    sub = {"executor": "slurm", "folder": str(tmp_path), "time": "2020-01-01T00:00:00+00:00",
+           "jobs": [{"run_id": j.run_id, "arm": j.arm, "seed": j.seed, "job_id": f"9_{i}"} for i, j in enumerate(jobs)]}
+    launcher._write_json(tmp_path / "sweeps" / "s" / "submissions.json", {"sweep": "s", "submissions": [sub]})
+    monkeypatch.setattr(launcher, "_sacct", lambda ids: None)           # Slurm unreachable: never resubmit blindly
+    assert {r["state"] for r in launcher.status(spec, tmp_path)} == {"unknown"}
+    rec = launcher.submit(spec, load_profile("local"), tmp_path, dry_run=True, log=lambda *_: None)
+    assert rec["jobs"] == [] and len(rec["skipped"]) == 2
+    monkeypatch.setattr(launcher, "_sacct", lambda ids: {})             # sacct answers but forgot the jobs
+    rows = launcher.status(spec, tmp_path)
+    assert {r["state"] for r in rows} == {"failed"} and "unknown to sacct" in rows[0]["detail"]

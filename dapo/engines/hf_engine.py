@@ -80,11 +80,18 @@ class HFEngine:
         # Greedy samples are identical: decode each prompt once and copy.
         reps = 1 if spec.greedy else spec.n
         seqs = [p for p in prompt_token_ids for _ in range(reps)]  # [num_prompts * reps]
+        # Every knob that shapes the distribution is set explicitly: unset (None) fields
+        # are filled from the model's generation_config and transformers' defaults
+        # (top_k=50!), which would sample from a different distribution than vLLM.
         cfg = GenerationConfig(
             do_sample=not spec.greedy,
-            temperature=spec.temperature if not spec.greedy else None,
-            top_p=spec.top_p if not spec.greedy else None,
-            top_k=0 if not spec.greedy else None,
+            temperature=spec.temperature if not spec.greedy else 1.0,
+            top_p=spec.top_p if not spec.greedy else 1.0,
+            top_k=0,
+            typical_p=1.0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            min_length=0,
             max_new_tokens=spec.max_tokens,
             eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id,

@@ -133,7 +133,10 @@ class VLLMEngine:
 
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_ids = self._eos_ids()
+        hf_config = self.llm.llm_engine.model_config.hf_config
         self.expected_weight_names = _checkpoint_weight_names(Path(self.model_path))
+        if getattr(hf_config, "tie_word_embeddings", False):
+            self.expected_weight_names.add("lm_head.weight")
 
     def _eos_ids(self) -> list[int]:
         eos: set[int] = set()
@@ -231,16 +234,14 @@ def _max_positions(model_dir: Path) -> int:
 
 
 def _checkpoint_weight_names(model_dir: Path) -> set[str]:
-    """Names of the HF state_dict the engine expects from a push: checkpoint tensors,
-    plus ``lm_head.weight`` when embeddings are tied (save_pretrained drops it)."""
+    """Tensor names in a local checkpoint's safetensors files (empty for a hub id).
+
+    ``save_pretrained`` leaves a tied ``lm_head.weight`` out; the caller adds it.
+    """
     from safetensors import safe_open
 
     names: set[str] = set()
     for f in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as sf:
             names.update(sf.keys())
-    cfg_file = model_dir / "config.json"
-    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
-    if cfg.get("tie_word_embeddings", False):
-        names.add("lm_head.weight")
     return names
