@@ -11,7 +11,9 @@ and vLLM's default detokenization, as a plain vLLM user would. "ours" calls
 "ours, seed=None" skips the per-prompt seeds. Every variant gets a full-length warm-up
 run, then runs are interleaved (A, B, C, A, B, C, ...) so a background load hits all of
 them alike; we report median and min-max of generated tokens per second, plus the
-process's CPU use (CPU time / wall time) and the 1-minute load average before each run.
+process's CPU use (CPU time / wall time), the 1-minute load average before each run, and
+tokens per CPU-second (steadier than wall time when other processes share the CPUs;
+meaningful with --threads 1, since idle OpenMP threads spin and bill CPU time).
 Target: ours / raw >= 0.9.
 """
 
@@ -110,13 +112,13 @@ def main() -> None:
 
     variants = {"raw vllm.LLM.generate": run_raw, "ours (VLLMEngine.generate)": run_ours,
                 "ours, seed=None": run_ours_noseed}
-    results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in variants}
+    results: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in variants}
     for fn in variants.values():  # warm-up, full length
         fn()
     for _ in range(args.repeats):
         for name, fn in variants.items():
             toks, wall, cpu, load = timed(fn)
-            results[name].append((toks / wall, cpu / wall, load))
+            results[name].append((toks / wall, cpu / wall, load, toks / cpu))
 
     hf_rows = []
     if args.hf_repeats > 0:
@@ -126,7 +128,7 @@ def main() -> None:
         for r in range(args.hf_repeats):
             groups, wall, cpu, load = timed(lambda: hf.generate(prompts, spec(r + 1)))
             toks = sum(len(c.token_ids) for g in groups for c in g)
-            hf_rows.append((toks / wall, cpu / wall, load))
+            hf_rows.append((toks / wall, cpu / wall, load, toks / cpu))
         hf.close()
     else:
         eng_threads = torch.get_num_threads()
@@ -136,9 +138,11 @@ def main() -> None:
         tps = [r[0] for r in rows]
         return (f"{statistics.median(tps):,.0f}", f"{min(tps):,.0f}–{max(tps):,.0f}",
                 f"{statistics.median(r[1] for r in rows):.2f}",
-                f"{max(r[2] for r in rows):.2f}")
+                f"{max(r[2] for r in rows):.2f}",
+                f"{statistics.median(r[3] for r in rows):,.0f}")
 
     raw_med = statistics.median(r[0] for r in results["raw vllm.LLM.generate"])
+    raw_cpu = statistics.median(r[3] for r in results["raw vllm.LLM.generate"])
     print()
     print(f"Machine: {cpu_model()}, {os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))}), "
           f"torch {torch.__version__} ({eng_threads} threads, OMP_NUM_THREADS="
@@ -148,16 +152,15 @@ def main() -> None:
           f"{args.max_tokens} new tokens max, temperature {args.temperature}, top_p {args.top_p}; "
           f"{args.repeats} interleaved runs per vLLM variant, {args.hf_repeats} HF runs")
     print()
-    print("| path | tok/s median | min–max | ratio to raw | CPU use (cpu/wall) | max load avg before |")
-    print("|---|---|---|---|---|---|")
-    for name, rows in results.items():
-        med, rng_, cpu, load = fmt(rows)
+    print("| path | tok/s median | min–max | ratio to raw | CPU use (cpu/wall) | max load avg before "
+          "| tok per CPU-s (median) | ratio to raw, per CPU-s |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows_all = list(results.items()) + ([("HF engine (transformers generate)", hf_rows)] if hf_rows else [])
+    for name, rows in rows_all:
+        med, rng_, cpu, load, per_cpu = fmt(rows)
         ratio = statistics.median(r[0] for r in rows) / raw_med
-        print(f"| {name} | {med} | {rng_} | {ratio:.2f} | {cpu} | {load} |")
-    if hf_rows:
-        med, rng_, cpu, load = fmt(hf_rows)
-        ratio = statistics.median(r[0] for r in hf_rows) / raw_med
-        print(f"| HF engine (transformers generate) | {med} | {rng_} | {ratio:.2f} | {cpu} | {load} |")
+        ratio_cpu = statistics.median(r[3] for r in rows) / raw_cpu
+        print(f"| {name} | {med} | {rng_} | {ratio:.2f} | {cpu} | {load} | {per_cpu} | {ratio_cpu:.2f} |")
 
 
 if __name__ == "__main__":

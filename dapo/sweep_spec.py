@@ -7,7 +7,9 @@ metric the analysis reads and the resources one job needs::
     base: experiments/paper-dapo-32b.yaml  # relative to the repo root or to this file
     base_overrides: {train.rollout_steps: 300}   # dotted keys, applied to every arm
     kind: ladder                         # ladder | one_at_a_time | leave_one_out | grid
-    baseline: {name: grpo, label: naive GRPO, overrides: {...}, paper: 30}
+    baseline: {name: grpo, label: naive GRPO, overrides: {...}, paper: 30}   # ladder, one_at_a_time,
+                                         # leave_one_out (there: the "off" value of every technique key)
+    full: {label: DAPO, paper: 50}       # leave_one_out only: the all-techniques arm (name: full)
     techniques:                          # ordered
       - {name: overlong_filter, label: + overlong filtering, overrides: {algo.overlong.filter: true}, paper: 36}
     grid: {algo.clip.eps_high: [0.2, 0.28]}       # kind grid only: the product of the values
@@ -33,9 +35,11 @@ A job's config is base + base_overrides + the arm's overrides + ``train.seed``, 
 (which leaves out ``logging.*``, ``output_dir`` and ``name``), so the same run named by two
 sweeps is one run, in ``<output root>/runs/<run_id>``.
 
-Loading validates everything (keys, types, ranges, duplicate arms, resources) and raises one
-:class:`~dapo.config.ConfigError` naming the file and the key. Pure: no I/O beyond reading
-the spec and its base experiment; imports neither torch nor submitit.
+Loading validates everything (keys, types, ranges, duplicate arms, resources against the
+experiment's launch layout) and raises one :class:`~dapo.config.ConfigError` naming the file
+and the key; :func:`check_resources` compares resources with a cluster profile's limits
+(``slurm/<name>.yaml``, :func:`load_profile`) before anything is submitted. Pure: no I/O
+beyond reading the spec, its base experiment and profiles; imports neither torch nor submitit.
 """
 
 from __future__ import annotations
@@ -205,7 +209,7 @@ def _technique(v: Any, key: str, where: str, *, need_name: bool = True, default_
     v = _mapping(v, key, where)
     bad = set(v) - _TECH_KEYS
     if bad:
-        raise ConfigError(f"{where}: unknown key {key}.{sorted(bad)[0]!s}; allowed: {', '.join(sorted(_TECH_KEYS))}")
+        raise ConfigError(f"{where}: unknown key {key}.{sorted(bad, key=str)[0]!s}; allowed: {', '.join(sorted(_TECH_KEYS))}")
     if need_name and "name" not in v:
         raise ConfigError(f"{where}: {key}.name is missing")
     name = check_name(v.get("name", default_name), f"{key}.name", where)
@@ -242,7 +246,7 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
         raise ConfigError(f"{path}: the top level must be a mapping")
     unknown = set(raw) - _TOP_KEYS
     if unknown:
-        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(_TOP_KEYS))}")
+        raise ConfigError(f"{where}: unknown key {sorted(unknown, key=str)[0]!r}; allowed: {', '.join(sorted(_TOP_KEYS))}")
     for k in ("name", "base", "kind", "seeds", "metric"):
         if k not in raw:
             raise ConfigError(f"{where}: {k} is missing")
@@ -271,7 +275,7 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
             _overrides({k: None}, "grid", where)  # a known, non-reserved key
             if not isinstance(vals, list) or not vals:
                 raise ConfigError(f"{where}: grid.{k} = {vals!r}: expected a non-empty list of values")
-            if len({json.dumps(v, sort_keys=True) for v in vals}) != len(vals):
+            if len({repr(v) for v in vals}) != len(vals):
                 raise ConfigError(f"{where}: grid.{k} = {vals!r}: values repeat")
         grid = tuple((k, tuple(v)) for k, v in g.items())
     else:
@@ -319,7 +323,7 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
     res = _mapping(raw.get("resources"), "resources", where)
     rkeys = {f.name for f in Resources.__dataclass_fields__.values()}
     if set(res) - rkeys:
-        raise ConfigError(f"{where}: unknown key resources.{sorted(set(res) - rkeys)[0]}; "
+        raise ConfigError(f"{where}: unknown key resources.{sorted(set(res) - rkeys, key=str)[0]}; "
                           f"allowed: {', '.join(sorted(rkeys))}")
     d = Resources()
     resources = Resources(
@@ -359,8 +363,9 @@ def _grid_arm_names(grid) -> list[str]:
         s = json.dumps(v) if not isinstance(v, str) else v
         return re.sub(r"[^A-Za-z0-9.-]+", "_", s).strip("_") or "x"
     keys = _grid_keys(grid)
-    return ["__".join(f"{k}-{fmt(v)}" for k, v in zip(keys, combo))
-            for combo in itertools.product(*(vals for _, vals in grid))]
+    names = ["__".join(f"{k}-{fmt(v)}" for k, v in zip(keys, combo))
+             for combo in itertools.product(*(vals for _, vals in grid))]
+    return [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]   # "a b" vs "a_b"
 
 
 def arms(spec: Spec) -> list[Arm]:
@@ -533,7 +538,7 @@ def load_profile(name: str | os.PathLike) -> ClusterProfile:
             raise ConfigError(f"{path}: the top level must be a mapping")
     unknown = set(raw) - _PROFILE_KEYS
     if unknown:
-        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(_PROFILE_KEYS))}")
+        raise ConfigError(f"{where}: unknown key {sorted(unknown, key=str)[0]!r}; allowed: {', '.join(sorted(_PROFILE_KEYS))}")
     executor = raw.get("executor", "slurm")
     if executor not in ("slurm", "local"):
         raise ConfigError(f"{where}: executor = {executor!r}: expected slurm or local")
@@ -544,7 +549,7 @@ def load_profile(name: str | os.PathLike) -> ClusterProfile:
         raise ConfigError(f"{where}: constraint = {constraint!r}: expected {_CONSTRAINT_RE.pattern}")
     lim = _mapping(raw.get("limits"), "limits", where)
     if set(lim) - _LIMIT_KEYS:
-        raise ConfigError(f"{where}: unknown key limits.{sorted(set(lim) - _LIMIT_KEYS)[0]}; "
+        raise ConfigError(f"{where}: unknown key limits.{sorted(set(lim) - _LIMIT_KEYS, key=str)[0]}; "
                           f"allowed: {', '.join(sorted(_LIMIT_KEYS))}")
     for k in _LIMIT_KEYS:
         if k not in lim:

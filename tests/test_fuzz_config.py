@@ -39,6 +39,11 @@ scalars = st.one_of(
 junk = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                      st.dictionaries(st.one_of(st.text(max_size=8), st.integers()),
                                                                      inner, max_size=3)), max_leaves=6)
+# The same without mappings that mix int and str keys, which dapo.sweep_spec still trips
+# over (see the two strict xfails at the end); use `junk` again once they pass.
+junk_str_keys = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                              st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                             max_leaves=6)
 
 
 class Idx(int):
@@ -63,7 +68,7 @@ def _dotted(path) -> str:
     return out
 
 
-def _mutate(data, draw, n_max=3):
+def _mutate(data, draw, n_max=3, junk=junk):
     """Apply 1..n_max random mutations to a deep copy of ``data``; returns (data, [(op, path)])."""
     data = copy.deepcopy(data)
     done = []
@@ -83,7 +88,8 @@ def _mutate(data, draw, n_max=3):
             else:
                 del parent[key]
         elif op == "add" and isinstance(parent, dict):
-            new = draw(st.one_of(st.text(min_size=1, max_size=10), st.integers()))
+            new = draw(st.one_of(st.text(min_size=1, max_size=10), st.integers()) if junk is not junk_str_keys
+                       else st.text(min_size=1, max_size=10))
             assume(new not in parent)
             parent[new] = draw(junk)
             path = path[:-1] + (new,)
@@ -250,7 +256,7 @@ def test_mutated_sweep_spec_raises_only_config_error_naming_the_file(tmpdir, dat
     load_spec = _spec_loader()
     src = data.draw(st.sampled_from([p for p in SWEEPS if "mini" in p.name or "smoke" in p.name]))
     base = yaml.safe_load(src.read_text())
-    mutated, muts = _mutate(base, data.draw)
+    mutated, muts = _mutate(base, data.draw, junk=junk_str_keys)
     path = _write(tmpdir, "spec.yaml", mutated)
     try:
         load_spec(path)
@@ -268,3 +274,27 @@ def test_broken_sweep_spec_text_raises_only_config_error(tmpdir, text):
         load_spec(path)
     except ConfigError as exc:
         assert str(path) in str(exc)
+
+
+# Gaps the fuzzing found in dapo/sweep_spec.py (a mapping whose keys mix int and str).
+@pytest.mark.xfail(strict=True, raises=TypeError,
+                   reason="sweep_spec._technique: sorted() of unknown keys that mix int and str")
+def test_technique_with_mixed_type_keys_is_a_config_error(tmp_path):
+    load_spec = _spec_loader()
+    spec = yaml.safe_load((REPO / "sweeps" / "smoke-slurm.yaml").read_text())
+    spec["techniques"][0] = {1: None, "x": None}
+    path = _write(tmp_path, "mixed.yaml", spec)
+    with pytest.raises(ConfigError, match=re.escape(str(path))):
+        load_spec(path)
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError,
+                   reason="sweep_spec.load_spec: json.dumps(sort_keys=True) of grid values with mixed-type keys")
+def test_grid_value_with_mixed_type_keys_is_a_config_error(tmp_path):
+    load_spec = _spec_loader()
+    spec = yaml.safe_load((REPO / "sweeps" / "clip-higher-eps-mini.yaml").read_text())
+    key = next(iter(spec["grid"]))
+    spec["grid"][key] = [{"": None, 0: None}, 0.2]
+    path = _write(tmp_path, "mixed-grid.yaml", spec)
+    with pytest.raises(ConfigError, match=re.escape(str(path))):
+        load_spec(path)

@@ -141,6 +141,9 @@ def test_expansion_counts_and_grid_product(tmp_path: Path):
     assert len(info["arms"]) == 6 and info["arms"][3]["paper"] == 50
     assert info["arms"][3]["overrides"] == {"algo.clip.eps_high": 0.28, "train.lr": 1e-5}
     assert len(expand(grid, tmp_path)) == 6
+    clash = write_spec(tmp_path, kind="grid", baseline=None, techniques=None, seeds=[0],
+                       grid={"data.train": ["a b.jsonl", "a_b.jsonl"]})
+    assert [a["name"] for a in sweep_info(clash)["arms"]] == ["train-a_b.jsonl_0", "train-a_b.jsonl_1"]
 
 
 def test_finished_run_is_reused_not_rerun(tmp_path: Path):
@@ -191,6 +194,9 @@ def test_finished_run_is_reused_not_rerun(tmp_path: Path):
      "techniques[0] (t).overrides.algo.loss_agg", "baseline.overrides, which does not set it"),
     ({"paper": {"nobody": 3}}, "paper.nobody", "no such arm"),
     ({"resources": {"nodes": 2, "gpus_per_node": 8}}, "resources", "launch.num_nodes"),
+    ({"techniques": [{1: None, "x": None}]}, "techniques[0]", "unknown key"),          # mixed-type keys
+    ({"kind": "grid", "baseline": None, "techniques": None, "grid": {"algo.clip.eps_high": [{"": None, 0: None}, 0.2]}},
+     "algo.clip.eps_high", "expected float"),
 ])
 def test_validation_error_names_file_and_key(tmp_path: Path, fields, key, words):
     path = write_spec(tmp_path, **fields)
