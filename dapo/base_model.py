@@ -391,6 +391,7 @@ def build_base_model(
 
     from dapo.models import TINY_PRESETS, build_char_tokenizer, build_tiny_qwen2, load_model
 
+    prev_threads = torch.get_num_threads()
     torch.set_num_threads(threads or os.cpu_count() or 1)
     t_start, cpu_start = time.perf_counter(), time.process_time()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -434,6 +435,8 @@ def build_base_model(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        torch.set_num_threads(prev_threads)
     record["reused"] = False
     record["model_path"] = str(out)
     return record

@@ -102,7 +102,9 @@ def pause_point(point: str, step: int) -> None:
     marker.write_text(str(os.getpid()))
     secs = float(os.environ.get("DAPO_FAULT_PAUSE_S", "120"))
     print(f"[dapo] fault injection: pausing {secs:.0f}s in the {point} of rollout step {step}", flush=True)
-    time.sleep(secs)
+    end = time.monotonic() + secs
+    while time.monotonic() < end:   # short sleeps: a signal caught by another thread (torch's pool)
+        time.sleep(0.1)             # only runs its Python handler when this thread runs bytecode
 
 
 class _FaultyEngine:

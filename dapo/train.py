@@ -642,6 +642,8 @@ def _rollout_with_retry(engine, sampler, prompt_tokens, cfg, r, new_engine, poli
         except DynamicSamplingExhausted:
             raise
         except Exception as exc:  # the engine died mid-generation
+            if type(exc).__module__.startswith("submitit"):  # preemption/requeue from a signal
+                raise                                          # handler: not an engine failure
             if attempt == cfg.rollout.retries:
                 raise RuntimeError(f"rollout step {r}: generation failed {attempt + 1} times "
                                    f"(rollout.retries = {cfg.rollout.retries}); the run is resumable from "

@@ -168,8 +168,9 @@ def test_lr_schedule_warmup_then_linear_decay():
                                                        0.375, 0.25, 0.125]
 
 
+# 1 thread: on a shared 2-core machine, 2 OpenMP threads can be several times slower
 TINY = dict(steps=20, batch_size=16, warmup_steps=2, cap=24, report_caps=(16, 24),
-            eval_problems=6, eval_samples=2)
+            eval_problems=6, eval_samples=2, threads=1)
 
 
 @pytest.mark.slow
@@ -227,3 +228,24 @@ def test_cli_help_is_fast_and_lists_options(capsys):
     out = capsys.readouterr().out
     for opt in ("--out", "--steps", "--preset", "--seed", "--force", "--cap"):
         assert opt in out
+
+
+def test_exhausted_problem_space_raises_instead_of_looping():
+    # operand_max=1, one operation: only "1+1=", "1-1=", "1*1=" exist
+    it = iter_problems(0, n_ops=(1, 1), operand_max=1, unique=True)
+    assert sorted(next(it)["prompt"] for _ in range(3)) == ["1*1=", "1+1=", "1-1="]
+    with pytest.raises(ValueError, match="too few distinct"):
+        next(it)
+
+
+def test_splits_are_frozen():
+    # Golden values: a change here changes every base model and every RL run's data;
+    # if intended, bump dapo.base_model.RECIPE_VERSION and update these.
+    import hashlib
+
+    def digest(obj) -> str:
+        return hashlib.sha256(json.dumps(obj).encode()).hexdigest()[:12]
+
+    assert [p["prompt"] for p in eval_problems()[:3]] == ["5-2=", "9*9-4=", "10-5-8+1="]
+    assert digest(eval_problems()) == "6e53b5807fef"
+    assert digest(make_split("train", minitask.N_TRAIN, minitask.TRAIN_SEED)) == "106ec61bb65f"
