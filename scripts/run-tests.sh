@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export DAPO_SLURM_REQUIRED=1  # CI must run the Slurm tests, never skip them
 exec .venv/bin/python -m pytest -q "$@"
