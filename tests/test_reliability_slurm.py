@@ -8,10 +8,14 @@ makes the job write a marker and sleep at those points; the test then sends subm
 preemption signals (SIGTERM, then USR2) with ``job._interrupt()``, as Slurm does before it
 preempts a job.
 
-- max_requeues 2: requeued twice, resumes from its last checkpoint each time, finishes, and
-  its MLflow run equals an uninterrupted run of the same config, every step exactly once.
-- max_requeues 1: the second preemption is one too many: the job ends FAILED with a clear
-  reason (failed.json, the job log, ``dapo sweep status``), its last checkpoint intact.
+- max_requeues 2, preempted in step 2's rollout then in step 3's update: requeued twice,
+  resumes from its last checkpoint each time, finishes, and its MLflow run equals an
+  uninterrupted run of the same config, every step exactly once.
+- max_requeues 1, preempted in step 2's update then in step 3's rollout: the second
+  preemption is one too many. submitit then raises UncompletedJobError from its signal
+  handler inside the rollout; that must not be taken for an engine failure and retried: the
+  job ends FAILED with a clear reason (failed.json, the job log, ``dapo sweep status``), its
+  last checkpoint intact.
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ STEPS = {"rollout.engine": "hf", "rollout.n": 2, "rollout.max_new_tokens": 4, "t
          "algo.entropy_coef": 0.01, "eval.at_start": False, "eval.k": 1,
          "eval.datasets": [{"name": "arith-eval", "limit": 2}], "data.train_limit": 16,
          "logging.progress": False, "train.rollout_steps": 4, "checkpoint.every": 1}
-PAUSES = "rollout@2,update@3"
 
 
 def _spec(folder: Path, name: str, max_requeues: int) -> Path:
@@ -55,18 +58,20 @@ def _spec(folder: Path, name: str, max_requeues: int) -> Path:
 
 
 class Job:
-    def __init__(self, root: Path, name: str, max_requeues: int, cluster, uri: str):
+    def __init__(self, root: Path, name: str, max_requeues: int, pauses: list[str], cluster, uri: str):
         from dapo import launcher
         from dapo.sweep import expand, load_profile, load_spec
         self.out = root / name
         self.markers = root / f"{name}-markers"
+        self.pauses = pauses
         self.spec = load_spec(_spec(root, name, max_requeues), {"logging.tracking_uri": uri})
         profile = dataclasses.replace(load_profile("local"), env={
-            "DAPO_FAULT_PAUSE": PAUSES, "DAPO_FAULT_MARKER_DIR": str(self.markers), "DAPO_FAULT_PAUSE_S": "300",
+            "DAPO_FAULT_PAUSE": ",".join(pauses), "DAPO_FAULT_MARKER_DIR": str(self.markers), "DAPO_FAULT_PAUSE_S": "300",
             "HF_HUB_OFFLINE": "1"})
+        [self.job] = expand(self.spec, self.out)   # fixed now: the experiment files may change meanwhile
         self.rec = launcher.submit(self.spec, profile, self.out, executor="slurm", log=lambda *_: None)
         [self.entry] = self.rec["jobs"]
-        [self.job] = expand(self.spec, self.out)
+        assert self.entry["run_id"] == self.job.run_id
         self.run_dir = Path(self.entry["run_dir"])
         self.cluster = cluster
 
@@ -92,7 +97,7 @@ class Job:
 
     def row(self):
         from dapo import launcher
-        [row] = launcher.status(self.spec, self.out)
+        [row] = launcher.status(self.spec, self.out, jobs=[self.job])
         return row
 
 
@@ -104,12 +109,11 @@ def jobs(slurm_cluster, tmp_path_factory):  # noqa: F811 - the fixture imported 
     os.environ.update(slurm_cluster.env)
     made = []
     try:
-        made.append(Job(root, "requeue-twice", 2, slurm_cluster, uri))
-        made.append(Job(root, "requeue-limit", 1, slurm_cluster, uri))
-        for j in made:                    # both jobs run at once; preempt each in its rollout ...
-            j.preempt_at("rollout@2")
-        for j in made:                    # ... and, once requeued and resumed, in its update
-            j.preempt_at("update@3")
+        made.append(Job(root, "requeue-twice", 2, ["rollout@2", "update@3"], slurm_cluster, uri))
+        made.append(Job(root, "requeue-limit", 1, ["update@2", "rollout@3"], slurm_cluster, uri))
+        for i in range(2):                # both jobs run at once; preempt each at its first point,
+            for j in made:                # then (requeued, resumed) at its second
+                j.preempt_at(j.pauses[i])
         yield {"uri": uri, "root": root, "twice": made[0], "limit": made[1]}
     finally:
         from dapo import launcher
@@ -164,7 +168,9 @@ def test_one_preemption_too_many_fails_clearly_and_keeps_the_checkpoint(jobs):
     assert row["state"] == "failed", (row, log[-3000:])
     reason = json.loads((J.run_dir / "failed.json").read_text())["reason"]
     assert "preempted or timed out 2 times; max_requeues = 1 reached" in reason
+    assert "pausing 300s in the update of rollout step 2" in log and "pausing 300s in the rollout of rollout step 3" in log
     assert "[dapo] giving up: preempted or timed out 2 times; max_requeues = 1 reached" in log
+    assert "engine failure" not in log and "step 3/4" not in log
     assert not (J.run_dir / "summary.json").exists()
     ckpt = latest_checkpoint(J.run_dir)
     assert ckpt.name == "step_000002"

@@ -10,8 +10,9 @@ Output contract, shared by both engines:
 - ``Completion.token_ids`` are the generated tokens only (no prompt, no padding),
   at most ``spec.max_tokens`` of them. When the model stopped on EOS the EOS token is
   the LAST element of ``token_ids`` (the trainer trains on producing it) and
-  ``finished`` is True; a completion cut at ``max_tokens`` has ``finished`` False
-  (DAPO's "truncated", the target of overlong filtering/punishment).
+  ``finished`` is True; a completion cut at ``max_tokens`` (or, in vLLM, at the
+  model's context length) has ``finished`` False (DAPO's "truncated", the target of
+  overlong filtering/punishment).
 - ``Completion.text`` is ``token_ids`` decoded without special tokens (no EOS text).
 - ``temperature == 0`` means greedy decoding (``top_p`` ignored).
 - ``update_weights`` takes the trainer model's FULL ``state_dict().items()``, not

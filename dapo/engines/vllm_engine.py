@@ -82,7 +82,7 @@ class VLLMEngine:
         seed: vLLM's engine seed, also salted into the per-prompt seeds of seeded calls.
         trainer_model: ignored (vLLM keeps its own copy; push weights with update_weights).
         max_model_len: prompt + completion limit; default from the model config.
-        kv_cache_space_gib: CPU only, KV cache size in GiB (default 2).
+        kv_cache_space_gib: CPU only, KV cache size in whole GiB (default 2).
         gpu_memory_utilization: CUDA only, passed through to vLLM.
         per_request_seeds: with ``spec.seed`` set, seed each prompt (reproducible);
             False = one engine RNG stream (reproducible only for an identical call history).
