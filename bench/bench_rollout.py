@@ -15,6 +15,10 @@ process's CPU use (CPU time / wall time), the 1-minute load average before each 
 tokens per CPU-second (steadier than wall time when other processes share the CPUs;
 meaningful with --threads 1, since idle OpenMP threads spin and bill CPU time).
 Target: ours / raw >= 0.9.
+
+On a shared machine run it with ``OMP_WAIT_POLICY=PASSIVE`` (or --threads 1): with the
+default spinning OpenMP threads, another busy process on these 2 cores made vLLM 5-20x
+slower here.
 """
 
 from __future__ import annotations
@@ -146,7 +150,8 @@ def main() -> None:
     print()
     print(f"Machine: {cpu_model()}, {os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))}), "
           f"torch {torch.__version__} ({eng_threads} threads, OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS')}), vllm {vllm.__version__}, "
+          f"{os.environ.get('OMP_NUM_THREADS')}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}), "
+          f"vllm {vllm.__version__}, "
           f"python {platform.python_version()}")
     print(f"Model {args.model} ({args.dtype}); {args.prompts} prompts x {args.n} samples, "
           f"{args.max_tokens} new tokens max, temperature {args.temperature}, top_p {args.top_p}; "

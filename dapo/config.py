@@ -511,6 +511,7 @@ def config_hash(cfg: Config, *, exclude: tuple[str, ...] = ("logging", "output_d
     d = to_dict(cfg)
     for k in exclude:
         d.pop(k, None)
+    d["train"].pop("threads", None)  # a resource knob, like launch.*: not part of a run's identity
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
