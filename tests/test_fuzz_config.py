@@ -39,11 +39,6 @@ scalars = st.one_of(
 junk = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                      st.dictionaries(st.one_of(st.text(max_size=8), st.integers()),
                                                                      inner, max_size=3)), max_leaves=6)
-# The same without mappings that mix int and str keys, which dapo.sweep_spec still trips
-# over (see the two strict xfails at the end); use `junk` again once they pass.
-junk_str_keys = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                              st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                             max_leaves=6)
 
 
 class Idx(int):
@@ -68,7 +63,7 @@ def _dotted(path) -> str:
     return out
 
 
-def _mutate(data, draw, n_max=3, junk=junk):
+def _mutate(data, draw, n_max=3):
     """Apply 1..n_max random mutations to a deep copy of ``data``; returns (data, [(op, path)])."""
     data = copy.deepcopy(data)
     done = []
@@ -88,8 +83,7 @@ def _mutate(data, draw, n_max=3, junk=junk):
             else:
                 del parent[key]
         elif op == "add" and isinstance(parent, dict):
-            new = draw(st.one_of(st.text(min_size=1, max_size=10), st.integers()) if junk is not junk_str_keys
-                       else st.text(min_size=1, max_size=10))
+            new = draw(st.one_of(st.text(min_size=1, max_size=10), st.integers()))
             assume(new not in parent)
             parent[new] = draw(junk)
             path = path[:-1] + (new,)
@@ -256,7 +250,7 @@ def test_mutated_sweep_spec_raises_only_config_error_naming_the_file(tmpdir, dat
     load_spec = _spec_loader()
     src = data.draw(st.sampled_from([p for p in SWEEPS if "mini" in p.name or "smoke" in p.name]))
     base = yaml.safe_load(src.read_text())
-    mutated, muts = _mutate(base, data.draw, junk=junk_str_keys)
+    mutated, muts = _mutate(base, data.draw)
     path = _write(tmpdir, "spec.yaml", mutated)
     try:
         load_spec(path)
@@ -276,9 +270,7 @@ def test_broken_sweep_spec_text_raises_only_config_error(tmpdir, text):
         assert str(path) in str(exc)
 
 
-# Gaps the fuzzing found in dapo/sweep_spec.py (a mapping whose keys mix int and str).
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="sweep_spec._technique: sorted() of unknown keys that mix int and str")
+# Regressions: the two crashes this fuzzing found in dapo/sweep_spec.py (keys mixing int and str).
 def test_technique_with_mixed_type_keys_is_a_config_error(tmp_path):
     load_spec = _spec_loader()
     spec = yaml.safe_load((REPO / "sweeps" / "smoke-slurm.yaml").read_text())
@@ -288,13 +280,22 @@ def test_technique_with_mixed_type_keys_is_a_config_error(tmp_path):
         load_spec(path)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="sweep_spec.load_spec: json.dumps(sort_keys=True) of grid values with mixed-type keys")
 def test_grid_value_with_mixed_type_keys_is_a_config_error(tmp_path):
     load_spec = _spec_loader()
     spec = yaml.safe_load((REPO / "sweeps" / "clip-higher-eps-mini.yaml").read_text())
     key = next(iter(spec["grid"]))
     spec["grid"][key] = [{"": None, 0: None}, 0.2]
     path = _write(tmp_path, "mixed-grid.yaml", spec)
+    with pytest.raises(ConfigError, match=re.escape(str(path))):
+        load_spec(path)
+
+
+@pytest.mark.xfail(strict=True, raises=(UnicodeDecodeError, RecursionError),
+                   reason="sweep_spec.load_spec: path.read_text() / yaml.safe_load, as config.read_yaml")
+@pytest.mark.parametrize("content", [b"name: caf\xe9\n", b"[" * 5000], ids=["latin-1", "deep"])
+def test_unreadable_sweep_spec_is_a_config_error(tmp_path, content):
+    load_spec = _spec_loader()
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(content)
     with pytest.raises(ConfigError, match=re.escape(str(path))):
         load_spec(path)
