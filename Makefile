@@ -3,6 +3,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+export OMP_WAIT_POLICY := PASSIVE
 
 .PHONY: setup demo test test-fast figures base bench slurm-up slurm-down clean help
 

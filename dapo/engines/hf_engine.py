@@ -36,7 +36,8 @@ class HFEngine:
         model_path: model directory (for the tokenizer, and the model unless shared).
         dtype: "float32" | "bfloat16" (ignored when ``trainer_model`` is given).
         seed: engine seed, salted into each seeded call's RNG seed (as in the vLLM engine).
-        trainer_model: the trainer's live model. If given, generation uses it directly
+        trainer_model: the trainer's live model, unwrapped (``accelerator.unwrap_model``).
+            If given, generation uses it directly
             and ``update_weights`` is a no-op; otherwise the engine loads its own copy.
         max_batch_size: sequences (prompts x n) per ``generate`` call; None = all at once.
         tokenizer: a tokenizer to use instead of loading the one in ``model_path``.

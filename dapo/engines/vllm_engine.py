@@ -26,9 +26,9 @@ then keeps its old (post-processed) output layer without any error; the call che
 names against the checkpoint and raises instead.
 
 Seeds: with ``spec.seed`` set, prompt i gets its own seed s_i (``per_prompt_seeds`` of
-the engine seed and ``spec.seed``) and vLLM gives its sample j the seed ``s_i + j``, so a
-call's samples depend on the seeds and weights alone, not on batch composition or on
-earlier calls. With ``spec.seed=None`` samples come from the engine's RNG stream.
+the engine seed, ``spec.seed`` and i) and vLLM gives its sample j the seed ``s_i + j``,
+so a call's samples depend on the seeds, the weights and the prompts alone, not on
+scheduling, prefix-cache state or earlier calls. With ``spec.seed=None`` samples come from the engine's RNG stream.
 """
 
 from __future__ import annotations
