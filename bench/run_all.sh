@@ -7,4 +7,5 @@ PY=.venv/bin/python
 { echo "# make bench, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD)"; echo
   $PY -m bench.bench_rollout || true; echo
   $PY -m bench.bench_analysis || true; echo
-  $PY -m bench.step_breakdown || true; } 2>&1 | tee results/bench/latest.md
+  $PY -m bench.step_breakdown || true; echo
+  $PY -m bench.scaling_sketch || true; } 2>&1 | tee results/bench/latest.md
