@@ -216,6 +216,16 @@ def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, a
     return logp, ent, mask
 
 
+def response_loss_mask(resp_mask: torch.Tensor, finished: torch.Tensor, overlong_filter: bool) -> torch.Tensor:
+    """Tokens the loss sees. resp_mask: [N, L]; finished: [N] bool (stopped on EOS).
+
+    With overlong filtering, truncated responses (not finished) are masked out entirely.
+    """
+    if not overlong_filter:
+        return resp_mask
+    return resp_mask * algo.overlong_mask(~finished)[:, None]                            # [N, L]
+
+
 # =========================================================================== update
 def update_policy(model, optimizer, scheduler, batch: RolloutBatch, old_logp: torch.Tensor,
                   advantages: torch.Tensor, loss_mask: torch.Tensor, cfg: Config, *, pad_id: int,
@@ -516,7 +526,7 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
         # 5. old log-probs from the trainer's model -------------------------------------------------
         t1 = time.time()
         old_lp, ent, resp_mask = old_logprobs(policy, batch, cfg, pad_id, device, autocast)
-        loss_mask = resp_mask * (algo.overlong_mask(batch.finished)[:, None] if cfg.algo.overlong.filter else 1.0)
+        loss_mask = response_loss_mask(resp_mask, batch.finished, cfg.algo.overlong.filter)
         t_old = time.time() - t1
         # 6. several mini-batch updates ---------------------------------------------------------------
         t2 = time.time()

@@ -300,3 +300,11 @@ def test_smollm2_one_rollout_and_one_update_on_cpu(tmp_path):
           "--run-dir", str(tmp_path / "run")], timeout=1200)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["grad_steps"] == 1
+
+
+def test_overlong_filter_masks_truncated_not_finished_responses():
+    from dapo.train import response_loss_mask
+    resp = torch.ones(3, 4)
+    finished = torch.tensor([True, False, True])          # the middle one hit the length cap
+    assert response_loss_mask(resp, finished, False).tolist() == resp.tolist()
+    assert response_loss_mask(resp, finished, True).sum(1).tolist() == [4.0, 0.0, 4.0]
