@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -284,6 +285,8 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
             value = float(value)  # PyYAML reads `1e-6` (no dot) as a string (YAML 1.1)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad()
+        if not math.isfinite(value):
+            raise bad(" (finite)")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -448,6 +451,18 @@ def _deep_merge(base: dict, top: dict) -> dict:
     return out
 
 
+def safe_yaml_file(path: Path) -> Any:
+    """``yaml.safe_load`` of a file; any way the file can be unreadable is a ConfigError naming it."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: YAML nested too deeply") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
 def read_yaml(path: str | Path, _seen: tuple = ()) -> dict:
     """Read an experiment YAML, resolving ``inherit: other.yaml`` (relative to the file)."""
     path = Path(path)
@@ -455,10 +470,7 @@ def read_yaml(path: str | Path, _seen: tuple = ()) -> dict:
         raise ConfigError(f"{path}: no such experiment file")
     if path.resolve() in _seen:
         raise ConfigError(f"{path}: inherit cycle through {' -> '.join(str(p) for p in _seen)}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    data = safe_yaml_file(path)
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -55,7 +55,7 @@ from typing import Any
 
 import yaml
 
-from dapo.config import (Config, ConfigError, apply_overrides, build_config, config_hash, field_docs,
+from dapo.config import (Config, ConfigError, safe_yaml_file, apply_overrides, build_config, config_hash, field_docs,
                          flatten, read_yaml, to_dict)
 
 __all__ = ["KINDS", "NAME_RE", "Technique", "Resources", "Spec", "Arm", "Job", "ClusterProfile",
@@ -238,10 +238,7 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
     where = str(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such sweep spec")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    raw = safe_yaml_file(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     unknown = set(raw) - _TOP_KEYS
@@ -530,10 +527,7 @@ def load_profile(name: str | os.PathLike) -> ClusterProfile:
         raw, where = _local_default(), "<embedded local profile>"
     else:
         where = str(path)
-        try:
-            raw = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raw = safe_yaml_file(path)
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
     unknown = set(raw) - _PROFILE_KEYS

@@ -204,10 +204,7 @@ def test_each_wrong_type_names_the_key_and_the_allowed_values(tmp_path):
         assert str(path) in str(err.value) and key in str(err.value) and words in str(err.value), str(err.value)
 
 
-# Gaps the fuzzing found in dapo/config.py (not this module's to fix; strict xfails flip to
-# failures the day they are fixed, so the marker gets removed with the fix).
-@pytest.mark.xfail(strict=True, raises=UnicodeDecodeError,
-                   reason="config.read_yaml: path.read_text() raises UnicodeDecodeError on a non-UTF-8 file")
+# Gaps the fuzzing found in dapo/config.py and dapo/sweep_spec.py, fixed; kept as regressions.
 def test_non_utf8_experiment_is_a_config_error(tmp_path):
     path = tmp_path / "latin1.yaml"
     path.write_bytes("name: caf\xe9\n".encode("latin-1"))
@@ -215,8 +212,6 @@ def test_non_utf8_experiment_is_a_config_error(tmp_path):
         load_config(path)
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError,
-                   reason="config.read_yaml: yaml.safe_load recurses once per nesting level")
 def test_deeply_nested_yaml_is_a_config_error(tmp_path):
     path = tmp_path / "deep.yaml"
     path.write_text("[" * 5000)
@@ -224,7 +219,6 @@ def test_deeply_nested_yaml_is_a_config_error(tmp_path):
         load_config(path)
 
 
-@pytest.mark.xfail(strict=True, reason="config._coerce accepts inf / -inf for float fields (train.lr: .inf loads)")
 @pytest.mark.parametrize("key", ["train.lr", "train.grad_clip", "algo.clip.eps_high", "train.weight_decay"])
 def test_non_finite_numbers_are_refused(tmp_path, key):
     data = read_yaml(REPO / "experiments" / "tiny-dapo.yaml")
@@ -290,8 +284,6 @@ def test_grid_value_with_mixed_type_keys_is_a_config_error(tmp_path):
         load_spec(path)
 
 
-@pytest.mark.xfail(strict=True, raises=(UnicodeDecodeError, RecursionError),
-                   reason="sweep_spec.load_spec: path.read_text() / yaml.safe_load, as config.read_yaml")
 @pytest.mark.parametrize("content", [b"name: caf\xe9\n", b"[" * 5000], ids=["latin-1", "deep"])
 def test_unreadable_sweep_spec_is_a_config_error(tmp_path, content):
     load_spec = _spec_loader()
