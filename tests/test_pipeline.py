@@ -20,7 +20,7 @@ def test_two_step_mini_sweep_from_base_model_to_report(tmp_path):
     base = resolve_policy_path("mini-base:150")  # the cached quick base model of test_train
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     sets = [f"model.path={base}", "train.rollout_steps=2", "eval.every=1",
-            "eval.datasets=[{name: arith-eval, limit: 8}]", "eval.k=4", "rollout.n=4",
+            "eval.datasets=[{name: arith-eval, limit: 8}]", "eval.k=8", "rollout.n=4",
             "train.batch_prompts=4", "train.mini_batch_prompts=2", "train.micro_batch_seqs=8",
             "algo.dynamic_sampling.on_exhausted=proceed", "logging.progress=false"]
     cmd = [sys.executable, "-m", "dapo.cli", "sweep", "submit", "sweeps/demo.yaml", "--cluster", "local",
@@ -36,7 +36,8 @@ def test_two_step_mini_sweep_from_base_model_to_report(tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     table = pd.read_csv(out / "table1.csv")
-    assert len(table) == 2 and table.iloc[:, 0].tolist() == ["naive GRPO", "DAPO"]
+    assert table["arm"].tolist() == ["grpo", "dapo"] and table["label"].tolist() == ["naive GRPO", "DAPO"]
+    assert table["ours"].between(0, 100).all() and (table["grad_steps"] == 4).all()
     report = (out / "report.md").read_text()
     assert "Table 1" in report and "figures/fig1.png" in report
     assert (out / "figures" / "fig1.png").stat().st_size > 10_000
