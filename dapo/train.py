@@ -186,8 +186,33 @@ def response_logits(model, prompt_ids, response_ids, pad_id, device, autocast: b
     ids, att, pos, targets, resp_mask, P = _pack(prompt_ids, response_ids, pad_id, device)
     L = targets.shape[1]
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
-        logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False).logits
-    return logits[:, P - 1:P - 1 + L].float(), targets, resp_mask
+        # only the L+1 last positions (P-1 .. P+L-1) need the vocabulary projection
+        logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False,
+                       logits_to_keep=L + 1).logits
+    return logits[:, :L].float(), targets, resp_mask
+
+
+def length_sorted(idx: list[int], batch: RolloutBatch) -> list[int]:
+    """``idx`` ordered by response length, then prompt length (longest first), so that each
+    micro-batch pads to similar lengths. Sums over a mini-batch do not depend on the order."""
+    return sorted(idx, key=lambda i: (-len(batch.response_ids[i]), -len(batch.prompt_ids[i]), i))
+
+
+def response_mask(batch: RolloutBatch) -> torch.Tensor:
+    """[N, L] with 1 on each response's real tokens (L = the batch's longest response)."""
+    N = len(batch.response_ids)
+    L = max(max((len(r) for r in batch.response_ids), default=0), 1)
+    mask = torch.zeros(N, L)
+    for i, r in enumerate(batch.response_ids):
+        mask[i, :len(r)] = 1.0
+    return mask
+
+
+def single_step_on_policy(cfg: Config, num_groups: int) -> bool:
+    """True when a rollout batch feeds exactly one optimizer step (one epoch, one mini-batch):
+    π_old is then the policy being differentiated, so old log-probs are the update's own
+    log-probs, detached (ratio ≡ 1) and the separate no-grad forward can be skipped."""
+    return cfg.train.ppo_epochs == 1 and cfg.train.mini_batch_prompts >= num_groups
 
 
 @torch.no_grad()
@@ -204,14 +229,16 @@ def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, a
     mb = cfg.train.micro_batch_seqs
     was_training = model.training
     model.eval()
+    order = length_sorted(list(range(N)), batch)
     for s in range(0, N, mb):
-        logits, tgt, m = response_logits(model, batch.prompt_ids[s:s + mb], batch.response_ids[s:s + mb],
-                                         pad_id, device, autocast)
+        idx = order[s:s + mb]
+        logits, tgt, m = response_logits(model, [batch.prompt_ids[i] for i in idx],
+                                         [batch.response_ids[i] for i in idx], pad_id, device, autocast)
         lp = algo.logprobs_from_logits(logits, tgt)
         l = lp.shape[1]
-        logp[s:s + mb, :l] = lp.cpu()
-        ent[s:s + mb, :l] = algo.token_entropy(logits).cpu()
-        mask[s:s + mb, :l] = m.cpu()
+        logp[idx, :l] = lp.cpu()
+        ent[idx, :l] = algo.token_entropy(logits).cpu()
+        mask[idx, :l] = m.cpu()
     model.train(was_training)
     return logp, ent, mask
 
@@ -227,7 +254,7 @@ def response_loss_mask(resp_mask: torch.Tensor, finished: torch.Tensor, overlong
 
 
 # =========================================================================== update
-def update_policy(model, optimizer, scheduler, batch: RolloutBatch, old_logp: torch.Tensor,
+def update_policy(model, optimizer, scheduler, batch: RolloutBatch, old_logp: torch.Tensor | None,
                   advantages: torch.Tensor, loss_mask: torch.Tensor, cfg: Config, *, pad_id: int,
                   device, autocast: bool, rank: int = 0, world: int = 1, ref_model=None,
                   shuffle_seed: int = 0) -> list[dict[str, float]]:
@@ -239,6 +266,10 @@ def update_policy(model, optimizer, scheduler, batch: RolloutBatch, old_logp: to
     micro-batches. The loss of each micro-batch is divided by the token (or sequence)
     count of the whole mini-batch across ranks, so the summed gradient does not depend
     on how the step is split; DDP's averaging is undone by scaling with ``world``.
+
+    ``old_logp=None`` (only when `single_step_on_policy`): π_old is the current policy, so the
+    update's own log-probs, detached, stand in for it; each step's metrics then also carry
+    ``train/entropy`` and ``train/token_prob_mean`` over the response tokens.
     """
     G = cfg.rollout.n
     Bk = batch.num_groups
@@ -252,20 +283,29 @@ def update_policy(model, optimizer, scheduler, batch: RolloutBatch, old_logp: to
             seqs = [b * G + g for b in groups for g in range(G)]                  # global indices
             num_tokens = float(loss_mask[seqs].sum().item())                        # whole mini-batch
             num_seqs = float(len(seqs))
-            mine = seqs[rank::world]
+            mine = length_sorted(seqs[rank::world], batch)
             optimizer.zero_grad(set_to_none=True)
             acc: dict[str, float] = {}
             mb = cfg.train.micro_batch_seqs
             n_micro = 0
             for m0 in range(0, len(mine), mb):
                 idx = mine[m0:m0 + mb]
-                logits, tgt, _ = response_logits(model, [batch.prompt_ids[i] for i in idx],
-                                                 [batch.response_ids[i] for i in idx], pad_id, device, autocast)
+                logits, tgt, rmask = response_logits(model, [batch.prompt_ids[i] for i in idx],
+                                                     [batch.response_ids[i] for i in idx], pad_id, device, autocast)
                 l = tgt.shape[1]
                 logp = algo.logprobs_from_logits(logits, tgt)                          # [n, l]
                 m = loss_mask[idx, :l].to(device)
+                if old_logp is None:   # on-policy single step: π_old = this very forward
+                    old = logp.detach()
+                    with torch.no_grad():
+                        rm = rmask.to(logp.dtype)
+                        acc["entropy_sum"] = acc.get("entropy_sum", 0.0) + float((algo.token_entropy(logits.detach()) * rm).sum())
+                        acc["prob_sum"] = acc.get("prob_sum", 0.0) + float((old.exp() * rm).sum())
+                        acc["resp_tokens"] = acc.get("resp_tokens", 0.0) + float(rm.sum())
+                else:
+                    old = old_logp[idx, :l].to(device)
                 loss, met = algo.policy_loss(
-                    logp, old_logp[idx, :l].to(device), advantages[idx].to(device), m,
+                    logp, old, advantages[idx].to(device), m,
                     eps_low=cfg.algo.clip.eps_low, eps_high=cfg.algo.clip.eps_high,
                     dual_clip_c=cfg.algo.clip.dual_clip_c, agg=cfg.algo.loss_agg,
                     num_tokens=num_tokens, num_seqs=num_seqs)
@@ -322,6 +362,9 @@ def update_policy(model, optimizer, scheduler, batch: RolloutBatch, old_logp: to
             }
             if "kl" in acc:
                 step_metrics["train/kl"] = acc["kl"] / tok
+            if "resp_tokens" in acc:
+                step_metrics["train/entropy"] = acc["entropy_sum"] / max(acc["resp_tokens"], 1.0)
+                step_metrics["train/token_prob_mean"] = acc["prob_sum"] / max(acc["resp_tokens"], 1.0)
             out.append(step_metrics)
     return out
 
@@ -331,7 +374,8 @@ def _all_reduce_sum(d: dict[str, float], world: int) -> dict[str, float]:
         return d
     import torch.distributed as dist
     keys = sorted(["loss", "tokens", "clip_frac_high", "clip_frac_low", "approx_kl", "ratio_mean",
-                   "up_clipped_count", "up_clipped_prob_sum", "kl", "dual_clip_frac"])
+                   "up_clipped_count", "up_clipped_prob_sum", "kl", "dual_clip_frac",
+                   "entropy_sum", "prob_sum", "resp_tokens"])
     t = torch.tensor([d.get(k, 0.0) for k in keys], dtype=torch.float64)
     dist.all_reduce(t)
     return {k: float(v) for k, v in zip(keys, t.tolist()) if k in d or float(v) != 0.0}
@@ -523,9 +567,14 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
         t_roll = time.time() - t0
         # 4. group advantages (from the shaped reward), loss mask (overlong filter) ---------------
         adv = algo.group_advantages(batch.rewards, eps=cfg.algo.adv_eps).reshape(-1)        # [N]
-        # 5. old log-probs from the trainer's model -------------------------------------------------
+        # 5. old log-probs from the trainer's model (skipped when one optimizer step uses the batch:
+        #    π_old is then the update's own forward, see single_step_on_policy) -------------------
         t1 = time.time()
-        old_lp, ent, resp_mask = old_logprobs(policy, batch, cfg, pad_id, device, autocast)
+        on_policy = single_step_on_policy(cfg, batch.num_groups)
+        if on_policy:
+            old_lp, ent, resp_mask = None, None, response_mask(batch)
+        else:
+            old_lp, ent, resp_mask = old_logprobs(policy, batch, cfg, pad_id, device, autocast)
         loss_mask = response_loss_mask(resp_mask, batch.finished, cfg.algo.overlong.filter)
         t_old = time.time() - t1
         # 6. several mini-batch updates ---------------------------------------------------------------
@@ -556,9 +605,12 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
         # 9. log ---------------------------------------------------------------------------------------
         n_tok = float(resp_mask.sum())
         train_tok = n_tok + sum(len(p) for p in batch.prompt_ids)
-        metrics = {**batch.stats, **ev, **_mean_dicts(steps),
-                   "train/entropy": float((ent * resp_mask).sum() / max(n_tok, 1.0)),
-                   "train/token_prob_mean": float((old_lp.exp() * resp_mask).sum() / max(n_tok, 1.0)),
+        if not on_policy:
+            metrics_old = {"train/entropy": float((ent * resp_mask).sum() / max(n_tok, 1.0)),
+                           "train/token_prob_mean": float((old_lp.exp() * resp_mask).sum() / max(n_tok, 1.0))}
+        else:
+            metrics_old = {}   # computed inside the single update step (in `steps`)
+        metrics = {**batch.stats, **ev, **_mean_dicts(steps), **metrics_old,
                    "train/grad_steps": len(steps),
                    "time/rollout_s": t_roll, "time/old_logprob_s": t_old, "time/train_s": t_train,
                    "time/sync_s": t_sync, "time/eval_s": t_ev, "time/step_s": time.time() - t0,

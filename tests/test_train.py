@@ -160,6 +160,53 @@ def test_token_mean_update_is_invariant_to_micro_batch_split(micro):
         torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
 
 
+def _on_policy_update(use_none: bool, micro: int = 4):
+    from dapo import algo
+    cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4,
+                  "train.micro_batch_seqs": micro, "train.lr": 1e-2,
+                  "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false"})
+    model = _tiny_policy(1)
+    batch = _random_batch(seed=3)
+    old, ent, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
+    adv = algo.group_advantages(batch.rewards).reshape(-1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    steps = update_policy(model, opt, sched, batch, None if use_none else old, adv, mask, cfg, pad_id=0,
+                          device=torch.device("cpu"), autocast=False)
+    delta = {k: (model.state_dict()[k] - before[k]) for k in before}
+    return steps, delta, float((ent * mask).sum() / mask.sum()), float((old.exp() * mask).sum() / mask.sum())
+
+
+def test_single_step_on_policy_skips_old_logprobs_with_the_same_update():
+    """One optimizer step per rollout batch: using the update's own detached log-probs as π_old
+    gives the same loss, gradient step, entropy and token probability as a separate forward."""
+    from dapo.train import single_step_on_policy
+    assert single_step_on_policy(_cfg(**{"train.batch_prompts": 4, "train.mini_batch_prompts": 4}), 4)
+    assert not single_step_on_policy(_cfg(**{"train.batch_prompts": 4, "train.mini_batch_prompts": 2}), 4)
+    assert not single_step_on_policy(_cfg(**{"train.batch_prompts": 4, "train.mini_batch_prompts": 4,
+                                             "train.ppo_epochs": 2}), 4)
+    ref_steps, ref_delta, ent, prob = _on_policy_update(False)
+    for micro in (1, 4, 16):
+        steps, delta, _, _ = _on_policy_update(True, micro)
+        assert steps[0]["train/loss"] == pytest.approx(ref_steps[0]["train/loss"], rel=1e-5, abs=1e-7)
+        assert steps[0]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-7)
+        assert steps[0]["train/entropy"] == pytest.approx(ent, rel=1e-5)
+        assert steps[0]["train/token_prob_mean"] == pytest.approx(prob, rel=1e-5)
+        for k in ref_delta:
+            torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
+        assert any(float(d.abs().max()) > 0 for d in delta.values())
+
+
+def test_length_sorted_micro_batches_pad_less():
+    from dapo.train import length_sorted
+    batch = _random_batch(seed=5)
+    idx = length_sorted(list(range(len(batch.response_ids))), batch)
+    assert sorted(idx) == list(range(len(batch.response_ids)))
+    lens = [len(batch.response_ids[i]) for i in idx]
+    assert lens == sorted(lens, reverse=True)
+
+
 def _dist_worker(rank, world, port, out_path):
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

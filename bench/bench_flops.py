@@ -1,0 +1,173 @@
+"""Training throughput: achieved FLOP/s of the update phase vs this machine's matmul ceiling.
+
+    python -m bench.bench_flops                    # tiny-25m, fp32 and bf16, micro-batches 8..64
+    python -m bench.bench_flops --model tiny-3m --micro 16,64
+    python -m bench.bench_flops --smoke            # CI: tiny-3m, one shape, one repeat
+
+Ceiling: a large ``torch.matmul`` (``--ceiling-n``, default 4096) in fp32 and in bf16,
+measured in the same process with the same threads: 2 n^3 FLOP per call.
+
+Update: ``dapo.train.update_policy`` -- the loop's real optimizer step (packing, forward,
+log-probs, clipped token-level loss, backward, grad clip, AdamW) -- on a synthetic rollout
+batch shaped like the RL benchmark (8 prompts x 8 responses, prompts of 20..40 tokens,
+responses of ``--resp-len`` tokens or a uniform 16..128 spread), one optimizer step per
+batch. Achieved FLOP/s = 6 x parameters x real (non-padding) tokens / time, the usual
+dense-transformer estimate (attention's own FLOPs and padding are not counted, so padding
+waste shows up as a lower number). "model only" times a bare forward+backward of the
+same padded batch (sum of logits as the loss), which bounds what our loss code can reach.
+fp32 rows are compared with the fp32 ceiling, bf16-autocast rows with the bf16 ceiling.
+Target (issue #7): >= 50% of the ceiling on the 25M model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def matmul_ceiling(n: int, dtype, reps: int = 5) -> float:
+    """GFLOP/s of an n x n @ n x n matmul: the best of ``reps`` after one warm-up (a ceiling is
+    what the machine can reach; on a shared VM the median wanders with the neighbours)."""
+    import torch
+    a = torch.randn(n, n, dtype=torch.float32).to(dtype)
+    b = torch.randn(n, n, dtype=torch.float32).to(dtype)
+    torch.matmul(a, b)
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.matmul(a, b)
+        ts.append(time.perf_counter() - t)
+    return 2 * n ** 3 / min(ts) / 1e9
+
+
+def synthetic_batch(prompts: int, n: int, resp_len: str, vocab: int, seed: int = 0):
+    """A RolloutBatch of ``prompts`` x ``n`` sequences with mixed rewards (non-zero advantages)."""
+    import torch
+
+    from dapo.train import RolloutBatch
+    rng = random.Random(seed)
+    P, R = [], []
+    for _ in range(prompts):
+        p = [rng.randrange(3, vocab) for _ in range(rng.randint(20, 40))]
+        for _ in range(n):
+            L = int(resp_len) if resp_len != "mixed" else rng.randint(16, 128)
+            P.append(p)
+            R.append([rng.randrange(3, vocab) for _ in range(L)])
+    correct = torch.tensor([[rng.random() < 0.5 for _ in range(n)] for _ in range(prompts)])
+    rewards = correct.float() * 2 - 1
+    finished = torch.ones(prompts * n, dtype=torch.bool)
+    return RolloutBatch(P, R, finished, correct, rewards, torch.zeros(prompts, n))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny-25m")
+    ap.add_argument("--micro", default="8,16,32,64", help="micro-batch sizes (sequences) to try")
+    ap.add_argument("--resp-len", default="128,mixed", help="response lengths: an int, or 'mixed' (16..128)")
+    ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--ceiling-n", type=int, default=4096)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.model, args.micro, args.resp_len, args.repeats, args.ceiling_n = "tiny-3m", "16", "mixed", 1, 512
+        args.precisions = "fp32"
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
+    from dapo import algo
+    from dapo.config import build_config
+    from dapo.models import load_model, resolve_model
+    from dapo.train import update_policy
+    torch.set_num_threads(args.threads)
+    precisions = args.precisions.split(",")
+    ceil = {}
+    for p in precisions:   # measured before and after the update runs; the higher one counts
+        ceil[p] = matmul_ceiling(args.ceiling_n, torch.float32 if p == "fp32" else torch.bfloat16)
+    path = resolve_model(args.model)
+    model = load_model(path, dtype="float32")
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    vocab = model.config.vocab_size
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), "unknown")
+    print("## Training throughput: update phase vs matmul ceiling\n")
+    print(f"machine: {cpu}, {os.cpu_count()} cores, {args.threads} threads; torch {torch.__version__}")
+    print(f"model: {args.model} ({n_params / 1e6:.1f}M parameters); ceiling {args.ceiling_n}^2 matmul: "
+          + ", ".join(f"{p} {v:.0f} GFLOP/s" for p, v in ceil.items()) + "\n")
+    print("| precision | responses | micro-batch | real tokens | padded tokens | update s (median) | "
+          "GFLOP/s | % of ceiling | model-only fwd+bwd GFLOP/s | % of ceiling |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    best = {}
+    for prec in precisions:
+        for rl in args.resp_len.split(","):
+            batch = synthetic_batch(8, 8, rl, vocab)
+            adv = algo.group_advantages(batch.rewards).reshape(-1)
+            real = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
+            for micro in [int(m) for m in args.micro.split(",")]:
+                cfg = build_config({"rollout": {"n": 8, "max_new_tokens": 128},
+                                    "algo": {"dynamic_sampling": {"enabled": False},
+                                             "overlong": {"max_len": 128, "cache_len": 32}},
+                                    "train": {"batch_prompts": 8, "mini_batch_prompts": 8,
+                                              "micro_batch_seqs": micro, "lr": 1e-6}}, where="bench_flops")
+                from dapo.train import length_sorted, response_mask, _pack
+                mask = response_mask(batch)
+                order = length_sorted(list(range(len(batch.response_ids))), batch)
+                padded = 0
+                for s in range(0, len(order), micro):
+                    ids = _pack([batch.prompt_ids[i] for i in order[s:s + micro]],
+                                [batch.response_ids[i] for i in order[s:s + micro]], 0, torch.device("cpu"))[0]
+                    padded += ids.numel()
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+                sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+                auto = prec == "bf16"
+                ts = []
+                for rep in range(args.repeats + 1):
+                    t = time.perf_counter()
+                    update_policy(model, opt, sched, batch, None, adv, mask, cfg, pad_id=0,
+                                  device=torch.device("cpu"), autocast=auto)
+                    if rep:  # first run is warm-up
+                        ts.append(time.perf_counter() - t)
+                t_upd = statistics.median(ts)
+                # bare model forward+backward over the same micro-batches
+                tm = []
+                for rep in range(args.repeats + 1):
+                    t = time.perf_counter()
+                    for s in range(0, len(order), micro):
+                        ids, att, pos, *_ = _pack([batch.prompt_ids[i] for i in order[s:s + micro]],
+                                                  [batch.response_ids[i] for i in order[s:s + micro]], 0,
+                                                  torch.device("cpu"))
+                        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=auto):
+                            out = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False).logits
+                        out.float().sum().backward()
+                    model.zero_grad(set_to_none=True)
+                    if rep:
+                        tm.append(time.perf_counter() - t)
+                t_model = statistics.median(tm)
+                g_upd = 6 * n_params * real / t_upd / 1e9
+                g_mod = 6 * n_params * real / t_model / 1e9
+                best[prec] = max(best.get(prec, 0.0), g_upd / ceil[prec])
+                print(f"| {prec} | {rl} | {micro} | {real} | {padded} | {t_upd:.2f} | {g_upd:.0f} | "
+                      f"{100 * g_upd / ceil[prec]:.0f}% | {g_mod:.0f} | {100 * g_mod / ceil[prec]:.0f}% |", flush=True)
+    for p in precisions:
+        again = matmul_ceiling(args.ceiling_n, torch.float32 if p == "fp32" else torch.bfloat16)
+        if again > 1.1 * ceil[p]:
+            print(f"\nnote: the {p} ceiling measured {again:.0f} GFLOP/s after the runs vs {ceil[p]:.0f} before "
+                  f"(the machine's speed changed during the run; percentages use the first)")
+    print()
+    print("Best update-phase fraction of the ceiling: "
+          + ", ".join(f"{p} {100 * v:.0f}%" for p, v in best.items()) + " (target >= 50%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
