@@ -250,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=10, help="RL steps per run (median over steps 3..N)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every (side, precision)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--micro-batch", type=int, default=RECIPE["micro_batch"],
+                    help="sequences per forward/backward on both sides (gradient accumulation up to 64)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run before it is killed")
     ap.add_argument("--json", default=None, help="also write every run's raw step times here")
     ap.add_argument("--smoke", action="store_true", help="CI: tiny-3m, fp32, 2 steps, 1 round, 16 new tokens")
@@ -264,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from dapo.models import resolve_model
-    rc = dict(RECIPE)
+    rc = dict(RECIPE, micro_batch=args.micro_batch)
     if args.smoke:
         args.models, args.precisions, args.steps, args.rounds = "tiny-3m", "fp32", 2, 1
         rc.update(max_new_tokens=16, prompts_per_step=2, n=4, micro_batch=4)
@@ -300,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
                           f"(steps: {' '.join(f'{x:.2f}' for x in res['step_s'])}); mean response "
                           f"{statistics.mean(lens):.0f} tokens; load before {res['load_before']:.2f}; "
                           f"process wall {res['wall_s']:.0f} s", flush=True)
+                    if side == "ours":
+                        ph = {k.split("/")[1]: _median_tail(v, skip) for k, v in res["phases"].items()
+                              if v and k.startswith("time/") and k != "time/step_s"}
+                        print("    ours, median s: " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()), flush=True)
     print()
     print("| model | precision | side | s/step median (min-max over rounds) | ours / side, median (min-max) |")
     print("|---|---|---|---|---|")
