@@ -68,6 +68,7 @@ class EvalSetConfig:
 class DataConfig:
     train: str = doc("training dataset: dapo-math-17k, arith-train, gsm8k, a .jsonl/.parquet path, or hf:<id>", "dapo-math-17k")
     train_limit: Optional[int] = doc("use only the first N training problems (None = all)", None)
+    train_skip: int = doc("skip the first N training problems (e.g. the rows an eval set takes from the same file)", 0)
     template: Literal["default", "dapo", "boxed", "none"] = doc("prompt template (default = the dataset's own)", "default")
     use_chat_template: Literal["auto", "yes", "no"] = doc("wrap prompts in the tokenizer's chat template (auto = if it has one)", "auto")
     max_prompt_tokens: int = doc("prompts longer than this are bad rows (dropped or fatal, see on_bad)", 1024)
@@ -369,6 +370,7 @@ def _check_ranges(cfg: Config, where: str) -> None:
     need(e.max_new_tokens is None or e.max_new_tokens >= 1, "eval.max_new_tokens", e.max_new_tokens, "must be >= 1")
     for i, d in enumerate(e.datasets):
         need(d.limit is None or d.limit >= 1, f"eval.datasets[{i}].limit", d.limit, "must be >= 1 or null")
+    need(cfg.data.train_skip >= 0, "data.train_skip", cfg.data.train_skip, "must be >= 0")
     need(cfg.data.max_prompt_tokens >= 1, "data.max_prompt_tokens", cfg.data.max_prompt_tokens, "must be >= 1")
     need(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, "must be >= 0")
     need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", cfg.checkpoint.keep_last, "must be >= 1")
@@ -524,6 +526,8 @@ def config_hash(cfg: Config, *, exclude: tuple[str, ...] = ("logging", "output_d
     for k in exclude:
         d.pop(k, None)
     d["train"].pop("threads", None)  # a resource knob, like launch.*: not part of a run's identity
+    if d["data"].get("train_skip") == 0:   # added later: hashed only when set, so older run ids stay valid
+        d["data"].pop("train_skip")
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

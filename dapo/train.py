@@ -421,7 +421,41 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
 
     ``fault`` is for tests only: {"kill_at_rollout_step": s} makes the process SIGKILL
     itself right after step s's updates, before its checkpoint.
+
+    If the run raises, its MLflow run (if one was created) is ended FAILED (KILLED for an
+    interrupt or exit) with the reason in the ``dapo.error`` tag, so no crashed run is left
+    showing RUNNING; resuming the run dir sets it RUNNING again. Checkpoints are untouched.
     """
+    run_dir = Path(run_dir) if run_dir is not None else run_dir_for(cfg)
+    try:
+        return _train(cfg, run_dir, tags=tags, fault=fault)
+    except BaseException as exc:
+        if int(os.environ.get("RANK", "0") or 0) == 0:
+            mark_run_ended(run_dir, exc)
+        raise
+
+
+def mark_run_ended(run_dir: Path, exc: BaseException) -> bool:
+    """Best effort: end the MLflow run recorded in ``run_dir/mlflow_run.json`` as FAILED
+    (KILLED for KeyboardInterrupt/SystemExit) with ``dapo.status``/``dapo.error`` tags.
+    Returns True if a run was marked. Never raises: the original error is what matters."""
+    try:
+        info = json.loads((Path(run_dir) / "mlflow_run.json").read_text())
+        from mlflow.tracking import MlflowClient
+        client = MlflowClient(tracking_uri=info["tracking_uri"])
+        if client.get_run(info["run_id"]).info.status != "RUNNING":
+            return False   # already ended by the loop itself (e.g. train.nonfinite=stop), with its reason
+        killed = not isinstance(exc, Exception)
+        reason = f"{type(exc).__name__}: {exc}"[:4000]
+        client.set_tag(info["run_id"], "dapo.status", "killed" if killed else "failed")
+        client.set_tag(info["run_id"], "dapo.error", reason)
+        client.set_terminated(info["run_id"], status="KILLED" if killed else "FAILED")
+        return True
+    except Exception:
+        return False
+
+
+def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None, fault: dict[str, Any] | None) -> dict[str, Any]:
     from accelerate import Accelerator
     from tqdm.auto import tqdm
 
@@ -433,7 +467,6 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
     # ---- setup: seeds, threads, processes -------------------------------------------------
     t_start = time.time()
     kill_at = (fault or {}).get("kill_at_rollout_step") or int(os.environ.get("DAPO_FAULT_KILL_AT_STEP", "0") or 0)
-    run_dir = Path(run_dir) if run_dir is not None else run_dir_for(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     threads = cfg.train.threads or os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))   # vLLM otherwise drops torch to 1 thread
@@ -468,14 +501,22 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
     # ---- data: training prompts, eval sets, token ids ----------------------------------------
     use_chat = {"auto": "auto", "yes": True, "no": False}[cfg.data.use_chat_template]
     template = None if cfg.data.template == "default" else cfg.data.template
-    train_examples, report = load_dataset(cfg.data.train, limit=cfg.data.train_limit,
-                                          on_bad=cfg.data.on_bad, template=template)
+    skip = cfg.data.train_skip
+    train_examples, report = load_dataset(cfg.data.train, on_bad=cfg.data.on_bad, template=template,
+                                          limit=None if cfg.data.train_limit is None else skip + cfg.data.train_limit)
+    train_examples = train_examples[skip:]
     log(f"train data {cfg.data.train}: {report.summary()}")
     eval_sets = {}
     for es in cfg.eval.datasets:
         ex, rep = load_dataset(es.name, limit=es.limit, on_bad=cfg.data.on_bad)
         log(f"eval data {es.name}: {rep.summary()}")
         eval_sets[Path(es.name).stem if os.sep in es.name else es.name] = ex
+    train_keys = {_key(e) for e in train_examples}
+    overlap = {k: sum(_key(e) in train_keys for e in v) for k, v in eval_sets.items()}
+    for k, n in overlap.items():
+        if n:
+            log(f"WARNING: {n} of the {len(eval_sets[k])} problems of eval set {k!r} are also training "
+                f"problems (same file and row); set data.train_skip to hold them out")
     prompt_tokens: dict[tuple, list[int]] = {}
     too_long = 0
     for ex in train_examples + [e for v in eval_sets.values() for e in v]:
@@ -522,6 +563,7 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
                           "dapo.config_hash": config_hash(cfg), "dapo.git_commit": git_commit(),
                           "dapo.status": "running", "dapo.run_dir": str(run_dir.resolve()),
                           "dapo.data.train": report.summary(), "dapo.data.too_long_prompts": too_long,
+                          "dapo.data.train_eval_overlap": sum(overlap.values()),
                           **environment_tags(), **(tags or {})})
         tracker.log_params(flatten(to_dict(cfg)))
         tracker.log_artifact(run_dir / "config.yaml")

@@ -558,3 +558,34 @@ def test_the_scanner_finds_what_it_is_meant_to_find(tmp_path):
     assert [w for w, _, _ in _dangerous(src)] == [
         "eval", "exec", "pickle.loads", "torch.load without weights_only=True",
         "torch.load without weights_only=True", "shell=True", "os.system", "yaml.load", "trust_remote_code"]
+
+
+@pytest.mark.parametrize("exc, status", [(RuntimeError("boom"), "FAILED"), (KeyboardInterrupt(), "KILLED")])
+def test_a_crash_ends_the_mlflow_run_with_the_reason(tmp_path, monkeypatch, exc, status):
+    """Any exception out of the loop ends the run's MLflow run (FAILED, or KILLED for an
+    interrupt) with dapo.error, instead of leaving it RUNNING; a resume sets RUNNING again."""
+    import json as _json
+
+    from mlflow.tracking import MlflowClient
+
+    import dapo.train as T
+    from dapo.config import load_config
+    from dapo.tracking import Tracker
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    tr = Tracker(uri, "crash", "run")
+    (run_dir / "mlflow_run.json").write_text(_json.dumps({"run_id": tr.run_uuid, "tracking_uri": uri}))
+
+    def crash(*a, **k):
+        raise exc
+    monkeypatch.setattr(T, "_train", crash)
+    with pytest.raises(type(exc)):
+        T.train(load_config(None), run_dir)
+    run = MlflowClient(uri).get_run(tr.run_uuid)
+    assert run.info.status == status
+    assert run.data.tags["dapo.status"] == status.lower()
+    assert run.data.tags["dapo.error"].startswith(type(exc).__name__)
+    Tracker(uri, "crash", "run", run_uuid=tr.run_uuid)      # what a resume does
+    assert MlflowClient(uri).get_run(tr.run_uuid).info.status == "RUNNING"
+    assert T.mark_run_ended(tmp_path / "nowhere", ValueError("x")) is False
