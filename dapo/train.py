@@ -662,7 +662,7 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None, fault: di
         tracker.record(metrics, rollout_step=r, grad_step=state["grad_step"])
         bar.update(1)
         log(f"step {r}/{total} grad {state['grad_step']} reward {metrics['rollout/reward_mean']:+.3f} "
-            f"acc {metrics['rollout/acc_mean']:.3f} ent {metrics['train/entropy']:.3f} "
+            f"acc {metrics['rollout/acc_mean']:.3f} ent {metrics.get('train/entropy', float('nan')):.3f} "
             f"len {metrics['rollout/response_len_mean']:.1f} kept {batch.num_groups} "
             f"rounds {batch.stats['sampling/gen_rounds']} {metrics['time/step_s']:.1f}s"
             + (" | " + _fmt(ev) if ev else ""))
