@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p results/bench
+# vLLM's and transformers' start-up logs and progress bars: not part of the tables
+NOISE='Writing model shards|^\(MainProcess|^\(EngineCore|^INFO |^WARNING |Loading safetensors|^\[W[0-9]|FutureWarning|hasattr\(value|wrapper = lookup|Triton is installed|^Loading weights|it/s\]$'
 PY=.venv/bin/python
 export OMP_WAIT_POLICY=PASSIVE TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
@@ -28,4 +30,4 @@ fi
   echo '```'; echo "\$ python -m bench.bench_analysis $ANA"; echo '```'
   $PY -m bench.bench_analysis $ANA || echo "bench_analysis FAILED"; echo
   echo '```'; echo "\$ python -m bench.scaling_sketch"; echo '```'
-  $PY -m bench.scaling_sketch || echo "scaling_sketch FAILED"; } 2>&1 | grep --line-buffered -v "Writing model shards" | tee "$OUT"
+  $PY -m bench.scaling_sketch || echo "scaling_sketch FAILED"; } 2>&1 | grep --line-buffered -Ev "$NOISE" | tee "$OUT"
