@@ -336,8 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---|---|---|---|---|---|---|")
         for r in ours_phase:
             ph = {k: _median_tail(v, skip) for k, v in r["phases"].items() if v}
-            other = r["median_s"] - sum(ph.get(k, 0.0) for k in ("time/rollout_s", "time/old_logprob_s",
-                                                                 "time/train_s", "time/sync_s"))
+            parts = [r["phases"].get(k) or [] for k in ("time/rollout_s", "time/old_logprob_s", "time/train_s",
+                                                         "time/sync_s")]
+            per_step = [s - sum(p[i] for p in parts if i < len(p)) for i, s in enumerate(r["phases"]["time/step_s"])]
+            other = _median_tail(per_step, skip)   # per step, then the median: never below 0
             print(f"| {r['model']} | {r['precision']} | {r['round'] + 1} | {ph.get('time/rollout_s', 0):.2f} | "
                   f"{ph.get('time/old_logprob_s', 0):.2f} | {ph.get('time/train_s', 0):.2f} | "
                   f"{ph.get('time/sync_s', 0):.3f} | {other:.3f} |")
