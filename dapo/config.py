@@ -84,6 +84,9 @@ class RolloutConfig:
     max_new_tokens: int = doc("generation cap per response (the paper: 20480)", 20480)
     vllm_kv_cache_gib: float = doc("CPU vLLM: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)", 2.0)
     gpu_memory_utilization: float = doc("GPU vLLM: fraction of GPU memory vLLM may take", 0.5)
+    tensor_parallel_size: int = doc("GPU vLLM: GPUs per engine (tensor parallel, inside one node; "
+                                    "must divide launch.num_processes)", 1)
+    sleep_mode: bool = doc("GPU vLLM: free the engine's weights and KV cache during the update (no-op on CPU)", True)
     retries: int = doc("re-create the engine and retry a failed generation this many times", 1)
 
 
@@ -139,6 +142,10 @@ class TrainConfig:
     batch_prompts: int = doc("B, prompts per rollout step after dynamic sampling (the paper: 512)", 512)
     mini_batch_prompts: int = doc("prompts per optimizer step; B / this = gradient steps per rollout (the paper: 32 → 16)", 32)
     micro_batch_seqs: int = doc("sequences per forward/backward (gradient accumulation inside a mini-batch)", 8)
+    max_tokens_per_micro_batch: Optional[int] = doc(
+        "token budget per forward/backward per process, prompt + response (None = micro_batch_seqs sequences)", None)
+    logits_chunk_tokens: Optional[int] = doc(
+        "log-probs/entropy from the logits this many tokens at a time (memory only; None = all at once)", None)
     ppo_epochs: int = doc("passes over each rollout batch", 1)
     lr: float = doc("AdamW learning rate (the paper: 1e-6)", 1e-6)
     warmup_grad_steps: int = doc("linear warm-up length in gradient steps (the paper: 20 rollout steps)", 0)
@@ -183,6 +190,7 @@ class LaunchConfig:
     mixed_precision: Literal["no", "bf16"] = doc("accelerate mixed precision on GPUs", "no")
     fsdp: bool = doc("shard the policy with FSDP (multi-GPU)", False)
     accelerate_config: Optional[str] = doc("path to an accelerate YAML (e.g. slurm/accelerate-fsdp.yaml)", None)
+    pg_timeout_s: int = doc("process-group timeout in seconds: a collective waiting longer fails the run", 600)
 
 
 @dataclass(frozen=True)
@@ -350,6 +358,10 @@ def _check_ranges(cfg: Config, where: str) -> None:
     need(t.batch_prompts % t.mini_batch_prompts == 0, "train.batch_prompts", t.batch_prompts,
          f"must be divisible by train.mini_batch_prompts ({t.mini_batch_prompts})")
     need(t.micro_batch_seqs >= 1, "train.micro_batch_seqs", t.micro_batch_seqs, "must be >= 1")
+    need(t.max_tokens_per_micro_batch is None or t.max_tokens_per_micro_batch >= 1, "train.max_tokens_per_micro_batch",
+         t.max_tokens_per_micro_batch, "must be >= 1 or null")
+    need(t.logits_chunk_tokens is None or t.logits_chunk_tokens >= 1, "train.logits_chunk_tokens",
+         t.logits_chunk_tokens, "must be >= 1 or null")
     per_rank = t.mini_batch_prompts * r.n
     need(per_rank % cfg.launch.num_processes == 0, "train.mini_batch_prompts", t.mini_batch_prompts,
          f"× rollout.n ({r.n}) must be divisible by launch.num_processes ({cfg.launch.num_processes})")
@@ -378,6 +390,11 @@ def _check_ranges(cfg: Config, where: str) -> None:
     need(cfg.launch.num_nodes >= 1, "launch.num_nodes", cfg.launch.num_nodes, "must be >= 1")
     need(0 < r.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", r.gpu_memory_utilization,
          "must be in (0, 1]")
+    need(r.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", r.tensor_parallel_size, "must be >= 1")
+    need(cfg.launch.num_processes % r.tensor_parallel_size == 0, "rollout.tensor_parallel_size",
+         r.tensor_parallel_size, f"must divide launch.num_processes ({cfg.launch.num_processes}): "
+         f"an engine's GPUs are inside one node")
+    need(cfg.launch.pg_timeout_s >= 1, "launch.pg_timeout_s", cfg.launch.pg_timeout_s, "must be >= 1")
 
 
 def build_config(data: dict, where: str = "<config>") -> Config:
@@ -453,6 +470,60 @@ def _deep_merge(base: dict, top: dict) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- checks for the other YAML files
+# Sweep specs and cluster profiles check their plain values with the same rules as a config field.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def _is(value: Any, tp: Any) -> bool:
+    """Whether ``value`` passes :func:`_coerce` as annotation ``tp``."""
+    try:
+        _coerce(value, tp, "", "")
+    except ConfigError:
+        return False
+    return True
+
+
+def check_name(value: Any, key: str, where: str) -> str:
+    """A name that reaches a job script or a path: ``^[A-Za-z0-9._-]+$`` (no spaces, quotes, ``;``, ``$``)."""
+    if not isinstance(value, str) or not NAME_RE.match(value) or value in (".", ".."):
+        raise ConfigError(f"{where}: {key} = {value!r}: expected a name matching {NAME_RE.pattern}")
+    return value
+
+
+def check_int(value: Any, key: str, where: str, lo: int | None = None) -> int:
+    """An integer (a config ``int``: bools refused) that is ``>= lo``."""
+    if not _is(value, int) or (lo is not None and value < lo):
+        raise ConfigError(f"{where}: {key} = {value!r}: expected an integer" + (f" >= {lo}" if lo is not None else ""))
+    return value
+
+
+def check_number(value: Any, key: str, where: str, allow_none: bool = False) -> float | None:
+    """A finite number (a config ``float``), or None when ``allow_none``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, str) or not _is(value, float):    # a spec's numbers are YAML numbers, not strings
+        raise ConfigError(f"{where}: {key} = {value!r}: expected a number" + (" or null" if allow_none else ""))
+    return _coerce(value, float, key, where)
+
+
+def check_text(value: Any, key: str, where: str) -> str:
+    """A non-empty one-line string."""
+    if not _is(value, str) or not value.strip() or "\n" in value:
+        raise ConfigError(f"{where}: {key} = {value!r}: expected a non-empty one-line string")
+    return value
+
+
+def check_mapping(value: Any, key: str, where: str) -> dict:
+    """A mapping (None reads as an empty one)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: {key} = {value!r}: expected a mapping")
+    return value
+
+
 def safe_yaml_file(path: Path) -> Any:
     """``yaml.safe_load`` of a file; any way the file can be unreadable is a ConfigError naming it."""
     try:
@@ -520,16 +591,38 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# Resource knobs: how a run uses its machines, never what it computes (a resumed run may change them).
+# tensor_parallel_size and logits_chunk_tokens only reorder floating-point sums, like the engine's batch.
+UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep_mode",
+                 "train.logits_chunk_tokens", "launch.pg_timeout_s")
+# Keys added after runs existed that do change the numbers: hashed only when they differ from the value
+# below (the behaviour before they existed), so every older run id stays valid.
+HASHED_WHEN_NOT = {"data.train_skip": 0, "train.max_tokens_per_micro_batch": None}
+
+
 def config_hash(cfg: Config, *, exclude: tuple[str, ...] = ("logging", "output_dir", "name")) -> str:
-    """A stable 12-hex-digit hash of everything that changes the run's numbers."""
+    """A stable 12-hex-digit hash of everything that changes the run's numbers.
+
+    ``exclude`` (top-level sections), :data:`UNHASHED_KEYS` and :data:`HASHED_WHEN_NOT` at their
+    old value are left out; ``tests/test_config.py`` pins the hash of every shipped experiment.
+    """
     d = to_dict(cfg)
     for k in exclude:
         d.pop(k, None)
-    d["train"].pop("threads", None)  # a resource knob, like launch.*: not part of a run's identity
-    if d["data"].get("train_skip") == 0:   # added later: hashed only when set, so older run ids stay valid
-        d["data"].pop("train_skip")
+    for key in UNHASHED_KEYS + tuple(k for k, v in HASHED_WHEN_NOT.items() if _get(d, k, v) == v):
+        section, _, leaf = key.rpartition(".")
+        _get(d, section, {}).pop(leaf, None)
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _get(d: dict, dotted: str, default: Any = None) -> Any:
+    """``_get({"a": {"b": 1}}, "a.b")`` → 1; ``default`` when a part is missing."""
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return default
+        d = d[part]
+    return d
 
 
 def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -133,3 +133,77 @@ def test_cli_help_and_config_errors():
     out = subprocess.run([sys.executable, "-m", "dapo.cli", "config", "experiments/tiny-dapo.yaml",
                           "algo.clip.eps_high=0.1"], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2 and "algo.clip.eps_high = 0.1" in out.stderr
+
+
+# Hashes of every shipped experiment and sweep, computed at f852402 (before the issue-12 keys existed).
+# A run id is this hash: changing one orphans every run directory and MLflow run made with it.
+SHIPPED_HASHES = {
+    "smollm2-135m-gsm8k": "d89a6f5c0ca3", "tiny-dapo": "a374d841c0e9", "tiny-grpo": "22cd8b30822f",
+    "tiny-random-smoke": "ca75636b37a6",
+}
+# The paper-scale experiments got realistic resource values with issue 12; with those put back the
+# hash must be the old one (the new keys at their defaults add nothing to it).
+PAPER_HASHES = {"paper-dapo-32b": "cb8a4829fd46", "paper-grpo-32b": "405a44b149f3",
+                "qwen2.5-math-7b-dapo": "32d9e87e7184"}
+PAPER_OLD_VALUES = ["rollout.gpu_memory_utilization=0.6", "train.max_tokens_per_micro_batch=null",
+                    "rollout.tensor_parallel_size=1", "rollout.sleep_mode=true", "train.logits_chunk_tokens=null",
+                    "launch.pg_timeout_s=600"]
+SWEEP_IDS = {  # sha256 of the comma-joined run ids of `expand`, first 12 hex digits
+    "clip-higher-eps-mini": "cd20f74d4b1f", "demo": "d009def7dc76", "grpo-vs-dapo-mini": "9d07188d964c",
+    "leave-one-out-mini": "1b0574efeb70", "smoke-slurm": "e3e0f9530f95", "table1-mini": "7af609a6adbe",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_HASHES))
+def test_shipped_experiment_hashes_are_unchanged(name):
+    assert config_hash(load_config(REPO / "experiments" / f"{name}.yaml")) == SHIPPED_HASHES[name]
+
+
+def test_default_config_hash_is_unchanged():
+    assert config_hash(load_config()) == "c39bbb3a30db"
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_HASHES))
+def test_paper_experiment_hashes_with_old_values_are_unchanged(name):
+    path = REPO / "experiments" / f"{name}.yaml"
+    assert config_hash(load_config(path, PAPER_OLD_VALUES)) == PAPER_HASHES[name]
+    assert config_hash(load_config(path)) != PAPER_HASHES[name]  # the shipped values are new
+
+
+@pytest.mark.parametrize("name", sorted(SWEEP_IDS))
+def test_shipped_sweep_run_ids_are_unchanged(name, tmp_path):
+    import hashlib
+    from dapo.sweep_spec import expand
+    ids = ",".join(j.run_id for j in expand(REPO / "sweeps" / f"{name}.yaml", tmp_path))
+    assert hashlib.sha256(ids.encode()).hexdigest()[:12] == SWEEP_IDS[name]
+
+
+def test_resource_knobs_are_not_in_the_run_id_but_the_token_budget_is():
+    base = config_hash(load_config())
+    for ov in ["rollout.tensor_parallel_size=2", "rollout.sleep_mode=false", "train.logits_chunk_tokens=256",
+               "launch.pg_timeout_s=60", "train.threads=1"]:
+        assert config_hash(load_config(None, ["launch.num_processes=2", ov])) == \
+            config_hash(load_config(None, ["launch.num_processes=2"])), ov
+    assert config_hash(load_config(None, ["train.max_tokens_per_micro_batch=4096"])) != base
+    assert config_hash(load_config(None, ["data.train_skip=3"])) != base
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout.tensor_parallel_size=0", "rollout.tensor_parallel_size = 0: must be >= 1"),
+    ("rollout.tensor_parallel_size=3", "must divide launch.num_processes (1)"),
+    ("rollout.sleep_mode=maybe", "rollout.sleep_mode = 'maybe': expected bool"),
+    ("train.max_tokens_per_micro_batch=0", "train.max_tokens_per_micro_batch = 0: must be >= 1 or null"),
+    ("train.logits_chunk_tokens=-1", "train.logits_chunk_tokens = -1: must be >= 1 or null"),
+    ("train.logits_chunk_tokens=1.5", "train.logits_chunk_tokens = 1.5: expected int or null"),
+    ("launch.pg_timeout_s=0", "launch.pg_timeout_s = 0: must be >= 1"),
+])
+def test_issue12_keys_are_validated(override, message):
+    with pytest.raises(ConfigError, match=__import__("re").escape(message)):
+        load_config(None, [override])
+
+
+def test_issue12_keys_defaults():
+    cfg = load_config()
+    assert (cfg.rollout.tensor_parallel_size, cfg.rollout.sleep_mode, cfg.train.max_tokens_per_micro_batch,
+            cfg.train.logits_chunk_tokens, cfg.launch.pg_timeout_s) == (1, True, None, None, 600)
+    assert load_config(None, ["launch.num_processes=8", "rollout.tensor_parallel_size=4"]).rollout.tensor_parallel_size == 4
