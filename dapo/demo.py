@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n== 2/3 GRPO vs DAPO through the local executor ==", flush=True)
     from dapo.launcher import submit
-    from dapo.sweep_spec import load_profile, load_spec
+    from dapo.cluster import load_profile
+    from dapo.sweep_spec import load_spec
     spec = load_spec(a.spec)
     submit(spec, load_profile("local"), a.output)
 

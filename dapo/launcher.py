@@ -36,7 +36,8 @@ from typing import Any
 import submitit
 
 from dapo.config import ConfigError, build_config, to_dict
-from dapo.sweep_spec import ClusterProfile, Job, Spec, check_resources, expand
+from dapo.cluster import ClusterProfile, check_resources
+from dapo.sweep_spec import Job, Spec, expand
 
 __all__ = ["RunJob", "accelerate_command", "sbatch_parameters", "setup_lines", "submit", "status",
            "cancel", "load_records", "SLURM_ACTIVE", "SLURM_FAILED"]

@@ -5,7 +5,8 @@
     dapo sweep status SPEC [--output DIR] [--json]   per run: pending / running / requeued / done / failed
     dapo sweep cancel SPEC [--output DIR]            scancel the sweep's unfinished jobs
 
-The spec format and the expansion are in :mod:`dapo.sweep_spec`; submission through submitit
+The spec format and the expansion are in :mod:`dapo.sweep_spec`, cluster profiles in
+:mod:`dapo.cluster`; submission through submitit
 (Slurm job array or LocalExecutor) in :mod:`dapo.launcher`. This module is the command line
 plus the names the analysis imports (``sweep_info``, ``expand``, ``load_spec``). ``expand``
 needs neither torch nor submitit, so it is fast.
@@ -18,8 +19,8 @@ import json
 import sys
 
 from dapo.config import ConfigError, parse_overrides
-from dapo.sweep_spec import (Arm, ClusterProfile, Job, Spec, arms, check_resources, expand, load_profile,
-                             load_spec, sweep_info)
+from dapo.cluster import ClusterProfile, check_resources, load_profile
+from dapo.sweep_spec import Arm, Job, Spec, arms, expand, load_spec, sweep_info
 
 __all__ = ["Arm", "ClusterProfile", "Job", "Spec", "arms", "check_resources", "expand", "load_profile",
            "load_spec", "sweep_info", "main"]

@@ -37,43 +37,31 @@ sweeps is one run, in ``<output root>/runs/<run_id>``.
 
 Loading validates everything (keys, types, ranges, duplicate arms, resources against the
 experiment's launch layout) and raises one :class:`~dapo.config.ConfigError` naming the file
-and the key; :func:`check_resources` compares resources with a cluster profile's limits
-(``slurm/<name>.yaml``, :func:`load_profile`) before anything is submitted. Pure: no I/O
-beyond reading the spec, its base experiment and profiles; imports neither torch nor submitit.
+and the key; :func:`dapo.cluster.check_resources` compares resources with a cluster profile's
+limits before anything is submitted. Pure: no I/O beyond reading the spec and its base
+experiment; imports neither torch nor submitit.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from dapo.config import (NAME_RE, REPO_ROOT, Config, ConfigError, apply_overrides, build_config, check_int,
+                         check_mapping, check_name, check_number, check_text, config_hash, field_docs, flatten,
+                         read_yaml, safe_yaml_file, to_dict)
 
-from dapo.config import (Config, ConfigError, safe_yaml_file, apply_overrides, build_config, config_hash, field_docs,
-                         flatten, read_yaml, to_dict)
+__all__ = ["KINDS", "NAME_RE", "Technique", "Resources", "Spec", "Arm", "Job",
+           "load_spec", "arms", "expand", "sweep_info", "check_name", "REPO_ROOT"]
 
-__all__ = ["KINDS", "NAME_RE", "Technique", "Resources", "Spec", "Arm", "Job", "ClusterProfile",
-           "load_spec", "arms", "expand", "sweep_info", "load_profile", "check_resources",
-           "check_name", "REPO_ROOT"]
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("ladder", "one_at_a_time", "leave_one_out", "grid")
-NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 # Keys the launcher sets itself; a spec may not override them.
 RESERVED_KEYS = ("train.seed", "logging.sweep", "logging.arm", "logging.experiment", "output_dir")
-
-
-def check_name(value: Any, key: str, where: str) -> str:
-    """A name that reaches a job script or a path: ``^[A-Za-z0-9._-]+$`` (no spaces, quotes, ``;``, ``$``)."""
-    if not isinstance(value, str) or not NAME_RE.match(value) or value in (".", ".."):
-        raise ConfigError(f"{where}: {key} = {value!r}: expected a name matching {NAME_RE.pattern}")
-    return value
 
 
 # =========================================================================== the spec
@@ -159,38 +147,10 @@ def _leaf_keys() -> tuple[set[str], set[str]]:
 _LEAVES, _SECTIONS = _leaf_keys()
 
 
-def _int(v: Any, key: str, where: str, lo: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
-        raise ConfigError(f"{where}: {key} = {v!r}: expected an integer" + (f" >= {lo}" if lo is not None else ""))
-    return v
-
-
-def _num(v: Any, key: str, where: str, allow_none: bool = False) -> float | None:
-    if v is None and allow_none:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ConfigError(f"{where}: {key} = {v!r}: expected a number" + (" or null" if allow_none else ""))
-    return float(v)
-
-
-def _str(v: Any, key: str, where: str) -> str:
-    if not isinstance(v, str) or not v.strip() or "\n" in v:
-        raise ConfigError(f"{where}: {key} = {v!r}: expected a non-empty one-line string")
-    return v
-
-
-def _mapping(v: Any, key: str, where: str) -> dict:
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise ConfigError(f"{where}: {key} = {v!r}: expected a mapping")
-    return v
-
-
 def _overrides(v: Any, key: str, where: str) -> dict[str, Any]:
     """Dotted overrides: every key names a config field (a section's mapping is flattened)."""
     out: dict[str, Any] = {}
-    for k, val in _mapping(v, key, where).items():
+    for k, val in check_mapping(v, key, where).items():
         if not isinstance(k, str):
             raise ConfigError(f"{where}: {key}: key {k!r} is not a dotted config key")
         if k in _SECTIONS and isinstance(val, dict):        # algo.clip: {eps_high: 0.2} → algo.clip.eps_high
@@ -206,20 +166,20 @@ def _overrides(v: Any, key: str, where: str) -> dict[str, Any]:
 
 
 def _technique(v: Any, key: str, where: str, *, need_name: bool = True, default_name: str = "") -> Technique:
-    v = _mapping(v, key, where)
+    v = check_mapping(v, key, where)
     bad = set(v) - _TECH_KEYS
     if bad:
         raise ConfigError(f"{where}: unknown key {key}.{sorted(bad, key=str)[0]!s}; allowed: {', '.join(sorted(_TECH_KEYS))}")
     if need_name and "name" not in v:
         raise ConfigError(f"{where}: {key}.name is missing")
     name = check_name(v.get("name", default_name), f"{key}.name", where)
-    label = _str(v.get("label", name), f"{key}.label", where)
+    label = check_text(v.get("label", name), f"{key}.label", where)
     return Technique(name, label, _overrides(v.get("overrides"), f"{key}.overrides", where),
-                     _num(v.get("paper"), f"{key}.paper", where, allow_none=True))
+                     check_number(v.get("paper"), f"{key}.paper", where, allow_none=True))
 
 
 def _resolve_base(base: Any, spec_path: Path) -> Path:
-    base = _str(base, "base", str(spec_path))
+    base = check_text(base, "base", str(spec_path))
     for root in (REPO_ROOT, spec_path.parent, Path.cwd()):
         p = (root / base).resolve()
         if p.is_file():
@@ -263,7 +223,7 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
         for k in ("techniques", "baseline", "full"):
             if k in raw:
                 raise ConfigError(f"{where}: {k}: not used by kind grid (use grid: {{key: [values]}})")
-        g = _mapping(raw.get("grid"), "grid", where)
+        g = check_mapping(raw.get("grid"), "grid", where)
         if not g:
             raise ConfigError(f"{where}: grid is empty: give at least one key with a list of values")
         for k, vals in g.items():
@@ -307,28 +267,28 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
             raise ConfigError(f"{where}: full: only used by kind leave_one_out")
 
     paper = {}
-    for k, v in _mapping(raw.get("paper"), "paper", where).items():
-        paper[check_name(k, "paper (arm name)", where)] = _num(v, f"paper.{k}", where, allow_none=True)
+    for k, v in check_mapping(raw.get("paper"), "paper", where).items():
+        paper[check_name(k, "paper (arm name)", where)] = check_number(v, f"paper.{k}", where, allow_none=True)
     seeds = raw["seeds"]
     if not isinstance(seeds, list) or not seeds:
         raise ConfigError(f"{where}: seeds = {seeds!r}: expected a non-empty list of integers")
-    seeds = tuple(_int(s, f"seeds[{i}]", where, lo=0) for i, s in enumerate(seeds))
+    seeds = tuple(check_int(s, f"seeds[{i}]", where, lo=0) for i, s in enumerate(seeds))
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"{where}: seeds = {list(seeds)}: a seed repeats")
-    metric = _str(raw["metric"], "metric", where)
-    final_k = _int(raw.get("final_k", 3), "final_k", where, lo=1)
-    res = _mapping(raw.get("resources"), "resources", where)
+    metric = check_text(raw["metric"], "metric", where)
+    final_k = check_int(raw.get("final_k", 3), "final_k", where, lo=1)
+    res = check_mapping(raw.get("resources"), "resources", where)
     rkeys = {f.name for f in Resources.__dataclass_fields__.values()}
     if set(res) - rkeys:
         raise ConfigError(f"{where}: unknown key resources.{sorted(set(res) - rkeys, key=str)[0]}; "
                           f"allowed: {', '.join(sorted(rkeys))}")
     d = Resources()
     resources = Resources(
-        nodes=_int(res.get("nodes", d.nodes), "resources.nodes", where, lo=1),
-        gpus_per_node=_int(res.get("gpus_per_node", d.gpus_per_node), "resources.gpus_per_node", where, lo=0),
-        cpus_per_task=_int(res.get("cpus_per_task", d.cpus_per_task), "resources.cpus_per_task", where, lo=1),
-        mem_gb=_num(res.get("mem_gb", d.mem_gb), "resources.mem_gb", where),
-        time_min=_int(res.get("time_min", d.time_min), "resources.time_min", where, lo=1))
+        nodes=check_int(res.get("nodes", d.nodes), "resources.nodes", where, lo=1),
+        gpus_per_node=check_int(res.get("gpus_per_node", d.gpus_per_node), "resources.gpus_per_node", where, lo=0),
+        cpus_per_task=check_int(res.get("cpus_per_task", d.cpus_per_task), "resources.cpus_per_task", where, lo=1),
+        mem_gb=check_number(res.get("mem_gb", d.mem_gb), "resources.mem_gb", where),
+        time_min=check_int(res.get("time_min", d.time_min), "resources.time_min", where, lo=1))
     if resources.mem_gb <= 0:
         raise ConfigError(f"{where}: resources.mem_gb = {resources.mem_gb}: must be > 0")
     if resources.gpus_per_node == 0 and resources.nodes != 1:
@@ -336,8 +296,8 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
     spec = Spec(path=path, name=name, base=base, kind=kind, base_overrides=base_overrides,
                 techniques=techniques, baseline=baseline, full=full, grid=grid, paper=paper, seeds=seeds,
                 metric=metric, final_k=final_k, resources=resources,
-                max_concurrent=_int(raw.get("max_concurrent", 1), "max_concurrent", where, lo=1),
-                max_requeues=_int(raw.get("max_requeues", 3), "max_requeues", where, lo=0),
+                max_concurrent=check_int(raw.get("max_concurrent", 1), "max_concurrent", where, lo=1),
+                max_requeues=check_int(raw.get("max_requeues", 3), "max_requeues", where, lo=0),
                 description=str(raw.get("description", "")), extra_overrides=dict(extra_overrides or {}))
     unknown_paper = set(paper) - {a.name for a in arms(spec)}
     if unknown_paper:
@@ -460,131 +420,3 @@ def sweep_info(spec: Spec | str | os.PathLike) -> dict:
     return {"name": spec.name, "kind": spec.kind, "metric": spec.metric, "final_k": spec.final_k,
             "arms": [{"name": a.name, "label": a.label, "overrides": dict(a.overrides), "paper": a.paper}
                      for a in arms(spec)]}
-
-
-# =========================================================================== cluster profiles
-@dataclass(frozen=True)
-class ClusterProfile:
-    """A cluster profile (``slurm/<name>.yaml``): where jobs go and what a job may ask for."""
-    name: str
-    path: Path | None
-    executor: str = "slurm"                   # slurm | local (submitit's LocalExecutor)
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    max_nodes: int = 1
-    max_gpus_per_node: int = 0
-    max_cpus_per_task: int = 2
-    max_mem_gb: float = 4.0
-    max_time_min: int = 60
-    max_array_parallel: int = 2
-    setup: tuple[str, ...] = ()
-    python: str | None = None                 # the job's python (None: the submitting interpreter)
-    env: dict[str, str] = field(default_factory=dict)
-    signal_delay_s: int = 120
-
-
-_PROFILE_KEYS = {"name", "description", "executor", "partition", "account", "qos", "constraint", "limits",
-                 "max_array_parallel", "setup", "python", "env", "signal_delay_s"}
-_LIMIT_KEYS = {"nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "time_min"}
-_CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9._,&|\[\]*:-]+$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _local_default() -> dict:
-    """The embedded default profile: this machine, through submitit's LocalExecutor."""
-    mem = 4.0
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
-    except (ValueError, OSError, AttributeError):
-        pass
-    n = os.cpu_count() or 1
-    return {"name": "local", "executor": "local", "partition": "local", "max_array_parallel": max(1, n // 2),
-            "limits": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": n, "mem_gb": round(mem, 1),
-                       "time_min": 7 * 24 * 60}}
-
-
-def load_profile(name: str | os.PathLike) -> ClusterProfile:
-    """``--cluster NAME`` → ``slurm/NAME.yaml`` (repo root, then cwd) or a path to a YAML file.
-
-    ``local`` without a file falls back to an embedded default (this machine, LocalExecutor).
-    Every value that reaches a job script is checked here.
-    """
-    text = str(name)
-    if text.endswith((".yaml", ".yml")) or os.sep in text:
-        path: Path | None = Path(text)
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such cluster profile")
-    else:
-        check_name(text, "--cluster", "command line")
-        cands = [REPO_ROOT / "slurm" / f"{text}.yaml", Path.cwd() / "slurm" / f"{text}.yaml"]
-        path = next((p for p in cands if p.is_file()), None)
-        if path is None and text != "local":
-            have = sorted(p.stem for p in (REPO_ROOT / "slurm").glob("*.yaml") if p.stem != "accelerate-fsdp")
-            raise ConfigError(f"--cluster {text}: no profile slurm/{text}.yaml (profiles: {', '.join(have)})")
-    if path is None:
-        raw, where = _local_default(), "<embedded local profile>"
-    else:
-        where = str(path)
-        raw = safe_yaml_file(path)
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
-    unknown = set(raw) - _PROFILE_KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {sorted(unknown, key=str)[0]!r}; allowed: {', '.join(sorted(_PROFILE_KEYS))}")
-    executor = raw.get("executor", "slurm")
-    if executor not in ("slurm", "local"):
-        raise ConfigError(f"{where}: executor = {executor!r}: expected slurm or local")
-    opt = {k: (check_name(raw[k], k, where) if raw.get(k) is not None else None)
-           for k in ("partition", "account", "qos")}
-    constraint = raw.get("constraint")
-    if constraint is not None and (not isinstance(constraint, str) or not _CONSTRAINT_RE.match(constraint)):
-        raise ConfigError(f"{where}: constraint = {constraint!r}: expected {_CONSTRAINT_RE.pattern}")
-    lim = _mapping(raw.get("limits"), "limits", where)
-    if set(lim) - _LIMIT_KEYS:
-        raise ConfigError(f"{where}: unknown key limits.{sorted(set(lim) - _LIMIT_KEYS, key=str)[0]}; "
-                          f"allowed: {', '.join(sorted(_LIMIT_KEYS))}")
-    for k in _LIMIT_KEYS:
-        if k not in lim:
-            raise ConfigError(f"{where}: limits.{k} is missing")
-    setup = raw.get("setup") or []
-    if not isinstance(setup, list) or not all(isinstance(s, str) for s in setup):
-        raise ConfigError(f"{where}: setup = {setup!r}: expected a list of strings (one command each)")
-    for i, line in enumerate(setup):
-        if any(c in line for c in "\n\r\0") or not line.strip():
-            raise ConfigError(f"{where}: setup[{i}] = {line!r}: expected one non-empty line")
-    env = _mapping(raw.get("env"), "env", where)
-    for k, v in env.items():
-        if not isinstance(k, str) or not _ENV_RE.match(k):
-            raise ConfigError(f"{where}: env: {k!r} is not a valid variable name ({_ENV_RE.pattern})")
-        if not isinstance(v, (str, int, float)) or isinstance(v, bool) or "\0" in str(v):
-            raise ConfigError(f"{where}: env.{k} = {v!r}: expected a string or a number")
-    python = raw.get("python")
-    if python is not None and (not isinstance(python, str) or any(c in python for c in "\n\r\0") or not python):
-        raise ConfigError(f"{where}: python = {python!r}: expected the path of a python interpreter")
-    pname = raw.get("name", path.stem if path else "local")
-    return ClusterProfile(
-        name=check_name(pname, "name", where), path=path, executor=executor, constraint=constraint, **opt,
-        max_nodes=_int(lim["nodes"], "limits.nodes", where, lo=1),
-        max_gpus_per_node=_int(lim["gpus_per_node"], "limits.gpus_per_node", where, lo=0),
-        max_cpus_per_task=_int(lim["cpus_per_task"], "limits.cpus_per_task", where, lo=1),
-        max_mem_gb=_num(lim["mem_gb"], "limits.mem_gb", where),
-        max_time_min=_int(lim["time_min"], "limits.time_min", where, lo=1),
-        max_array_parallel=_int(raw.get("max_array_parallel", 1), "max_array_parallel", where, lo=1),
-        setup=tuple(setup), python=python, env={k: str(v) for k, v in env.items()},
-        signal_delay_s=_int(raw.get("signal_delay_s", 120), "signal_delay_s", where, lo=1))
-
-
-def check_resources(spec: Spec, profile: ClusterProfile) -> None:
-    """Raise ConfigError if one job asks for more than the profile allows (names spec, key and limit)."""
-    r, p = spec.resources, profile
-    pairs = [("nodes", r.nodes, p.max_nodes), ("gpus_per_node", r.gpus_per_node, p.max_gpus_per_node),
-             ("cpus_per_task", r.cpus_per_task, p.max_cpus_per_task), ("mem_gb", r.mem_gb, p.max_mem_gb),
-             ("time_min", r.time_min, p.max_time_min)]
-    for key, want, limit in pairs:
-        if want > limit:
-            raise ConfigError(f"{spec.path}: resources.{key} = {want}: cluster profile {p.name!r} "
-                              f"({p.path or 'embedded'}) allows at most {limit}")
-    if p.executor == "local" and r.nodes > 1:
-        raise ConfigError(f"{spec.path}: resources.nodes = {r.nodes}: the local executor runs one node")

@@ -16,7 +16,8 @@ import yaml
 
 from dapo.config import ConfigError, config_hash
 from dapo.sweep import expand, load_profile, load_spec, main as sweep_main, sweep_info
-from dapo.sweep_spec import arms, check_resources
+from dapo.cluster import check_resources
+from dapo.sweep_spec import arms
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -360,8 +361,8 @@ def test_status_maps_slurm_states_and_shows_the_failed_log(tmp_path: Path, monke
 
 
 def test_local_profile_has_an_embedded_default(tmp_path: Path, monkeypatch):
-    import dapo.sweep_spec as ss
-    monkeypatch.setattr(ss, "REPO_ROOT", tmp_path)
+    import dapo.cluster as cluster
+    monkeypatch.setattr(cluster, "REPO_ROOT", tmp_path)
     monkeypatch.chdir(tmp_path)
     prof = load_profile("local")
     assert prof.path is None and prof.executor == "local" and prof.max_nodes == 1 and prof.max_cpus_per_task >= 1

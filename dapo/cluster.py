@@ -1,0 +1,163 @@
+"""Cluster profiles (``slurm/<name>.yaml``): where a sweep's jobs go and what one job may ask for.
+
+A profile names the executor (``slurm``, or ``local`` = submitit's LocalExecutor on this
+machine), the partition / account / qos / constraint, the per-job limits, the setup lines and
+environment of a job script, and the python that runs it::
+
+    name: example-gpu-cluster
+    executor: slurm                      # slurm | local
+    partition: gpu                       # also account, qos, constraint (optional)
+    limits: {nodes: 32, gpus_per_node: 8, cpus_per_task: 96, mem_gb: 1000, time_min: 10080}
+    max_array_parallel: 4
+    setup: [module load cuda/12.4]       # one simple command per line
+    python: /shared/dapo-lab/.venv/bin/python
+    env: {NCCL_DEBUG: WARN}
+
+``--cluster local`` without a ``slurm/local.yaml`` is an embedded default (this machine).
+:func:`load_profile` checks every value that reaches a job script; :func:`check_resources`
+compares a spec's resources with the limits before anything is submitted. Pure: reads YAML
+only; imports neither torch nor submitit (tests check it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dapo.config import (REPO_ROOT, ConfigError, check_int, check_mapping, check_name, check_number,
+                         safe_yaml_file)
+
+if TYPE_CHECKING:
+    from dapo.sweep_spec import Spec
+
+__all__ = ["ClusterProfile", "load_profile", "check_resources"]
+
+
+@dataclass(frozen=True)
+class ClusterProfile:
+    """A cluster profile (``slurm/<name>.yaml``): where jobs go and what a job may ask for."""
+    name: str
+    path: Path | None
+    executor: str = "slurm"                   # slurm | local (submitit's LocalExecutor)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    max_nodes: int = 1
+    max_gpus_per_node: int = 0
+    max_cpus_per_task: int = 2
+    max_mem_gb: float = 4.0
+    max_time_min: int = 60
+    max_array_parallel: int = 2
+    setup: tuple[str, ...] = ()
+    python: str | None = None                 # the job's python (None: the submitting interpreter)
+    env: dict[str, str] = field(default_factory=dict)
+    signal_delay_s: int = 120
+
+
+_PROFILE_KEYS = {"name", "description", "executor", "partition", "account", "qos", "constraint", "limits",
+                 "max_array_parallel", "setup", "python", "env", "signal_delay_s"}
+_LIMIT_KEYS = {"nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "time_min"}
+_CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9._,&|\[\]*:-]+$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _local_default() -> dict:
+    """The embedded default profile: this machine, through submitit's LocalExecutor."""
+    mem = 4.0
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    except (ValueError, OSError, AttributeError):
+        pass
+    n = os.cpu_count() or 1
+    return {"name": "local", "executor": "local", "partition": "local", "max_array_parallel": max(1, n // 2),
+            "limits": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": n, "mem_gb": round(mem, 1),
+                       "time_min": 7 * 24 * 60}}
+
+
+def load_profile(name: str | os.PathLike) -> ClusterProfile:
+    """``--cluster NAME`` → ``slurm/NAME.yaml`` (repo root, then cwd) or a path to a YAML file.
+
+    ``local`` without a file falls back to an embedded default (this machine, LocalExecutor).
+    Every value that reaches a job script is checked here.
+    """
+    text = str(name)
+    if text.endswith((".yaml", ".yml")) or os.sep in text:
+        path: Path | None = Path(text)
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such cluster profile")
+    else:
+        check_name(text, "--cluster", "command line")
+        cands = [REPO_ROOT / "slurm" / f"{text}.yaml", Path.cwd() / "slurm" / f"{text}.yaml"]
+        path = next((p for p in cands if p.is_file()), None)
+        if path is None and text != "local":
+            have = sorted(p.stem for p in (REPO_ROOT / "slurm").glob("*.yaml") if p.stem != "accelerate-fsdp")
+            raise ConfigError(f"--cluster {text}: no profile slurm/{text}.yaml (profiles: {', '.join(have)})")
+    if path is None:
+        raw, where = _local_default(), "<embedded local profile>"
+    else:
+        where = str(path)
+        raw = safe_yaml_file(path)
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+    unknown = set(raw) - _PROFILE_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {sorted(unknown, key=str)[0]!r}; allowed: {', '.join(sorted(_PROFILE_KEYS))}")
+    executor = raw.get("executor", "slurm")
+    if executor not in ("slurm", "local"):
+        raise ConfigError(f"{where}: executor = {executor!r}: expected slurm or local")
+    opt = {k: (check_name(raw[k], k, where) if raw.get(k) is not None else None)
+           for k in ("partition", "account", "qos")}
+    constraint = raw.get("constraint")
+    if constraint is not None and (not isinstance(constraint, str) or not _CONSTRAINT_RE.match(constraint)):
+        raise ConfigError(f"{where}: constraint = {constraint!r}: expected {_CONSTRAINT_RE.pattern}")
+    lim = check_mapping(raw.get("limits"), "limits", where)
+    if set(lim) - _LIMIT_KEYS:
+        raise ConfigError(f"{where}: unknown key limits.{sorted(set(lim) - _LIMIT_KEYS, key=str)[0]}; "
+                          f"allowed: {', '.join(sorted(_LIMIT_KEYS))}")
+    for k in _LIMIT_KEYS:
+        if k not in lim:
+            raise ConfigError(f"{where}: limits.{k} is missing")
+    setup = raw.get("setup") or []
+    if not isinstance(setup, list) or not all(isinstance(s, str) for s in setup):
+        raise ConfigError(f"{where}: setup = {setup!r}: expected a list of strings (one command each)")
+    for i, line in enumerate(setup):
+        if any(c in line for c in "\n\r\0") or not line.strip():
+            raise ConfigError(f"{where}: setup[{i}] = {line!r}: expected one non-empty line")
+    env = check_mapping(raw.get("env"), "env", where)
+    for k, v in env.items():
+        if not isinstance(k, str) or not _ENV_RE.match(k):
+            raise ConfigError(f"{where}: env: {k!r} is not a valid variable name ({_ENV_RE.pattern})")
+        if not isinstance(v, (str, int, float)) or isinstance(v, bool) or "\0" in str(v):
+            raise ConfigError(f"{where}: env.{k} = {v!r}: expected a string or a number")
+    python = raw.get("python")
+    if python is not None and (not isinstance(python, str) or any(c in python for c in "\n\r\0") or not python):
+        raise ConfigError(f"{where}: python = {python!r}: expected the path of a python interpreter")
+    pname = raw.get("name", path.stem if path else "local")
+    return ClusterProfile(
+        name=check_name(pname, "name", where), path=path, executor=executor, constraint=constraint, **opt,
+        max_nodes=check_int(lim["nodes"], "limits.nodes", where, lo=1),
+        max_gpus_per_node=check_int(lim["gpus_per_node"], "limits.gpus_per_node", where, lo=0),
+        max_cpus_per_task=check_int(lim["cpus_per_task"], "limits.cpus_per_task", where, lo=1),
+        max_mem_gb=check_number(lim["mem_gb"], "limits.mem_gb", where),
+        max_time_min=check_int(lim["time_min"], "limits.time_min", where, lo=1),
+        max_array_parallel=check_int(raw.get("max_array_parallel", 1), "max_array_parallel", where, lo=1),
+        setup=tuple(setup), python=python, env={k: str(v) for k, v in env.items()},
+        signal_delay_s=check_int(raw.get("signal_delay_s", 120), "signal_delay_s", where, lo=1))
+
+
+def check_resources(spec: "Spec", profile: ClusterProfile) -> None:
+    """Raise ConfigError if one job asks for more than the profile allows (names spec, key and limit)."""
+    r, p = spec.resources, profile
+    pairs = [("nodes", r.nodes, p.max_nodes), ("gpus_per_node", r.gpus_per_node, p.max_gpus_per_node),
+             ("cpus_per_task", r.cpus_per_task, p.max_cpus_per_task), ("mem_gb", r.mem_gb, p.max_mem_gb),
+             ("time_min", r.time_min, p.max_time_min)]
+    for key, want, limit in pairs:
+        if want > limit:
+            raise ConfigError(f"{spec.path}: resources.{key} = {want}: cluster profile {p.name!r} "
+                              f"({p.path or 'embedded'}) allows at most {limit}")
+    if p.executor == "local" and r.nodes > 1:
+        raise ConfigError(f"{spec.path}: resources.nodes = {r.nodes}: the local executor runs one node")
