@@ -66,7 +66,8 @@ RECIPE = dict(prompts_per_step=8, n=8, max_new_tokens=128, temperature=1.0, top_
 # ----------------------------------------------------------------------------- workers
 def _prompts(tokenizer, limit: int):
     """The mini task's first ``limit`` training problems: (prompt text, answer) pairs."""
-    from dapo.data import load_dataset, render_prompt
+    from dapo.data import load_dataset
+    from dapo.prompts import render_prompt
     examples, _ = load_dataset("arith-train", limit=limit)
     return [(render_prompt(ex, tokenizer, False), ex.answer) for ex in examples]
 

@@ -19,7 +19,8 @@ Everything is made from a seed with ``random.Random`` (int or str seeds; its
 split is the same list everywhere. Only characters of the character vocabulary are used: digits, ``+-*=.``,
 space, newline and the letters of ``Answer:``.
 
-Splits (registered in :mod:`dapo.data` under the names below, scorer ``"dapo"``):
+Splits (registered by :mod:`dapo.data` under the names below, scorer ``"dapo"``; this module
+imports nothing from ``dapo``):
 
 - ``arith-eval``: the fixed held-out set, 200 problems, seed ``EVAL_SEED``, equal
   shares of 1, 2 and 3 operations (the ``ops`` range the base model was trained on).
@@ -37,9 +38,7 @@ seed, with the same exclusion of ``arith-eval`` prompts.
 from __future__ import annotations
 
 import random
-from typing import Iterator, Sequence
-
-from dapo.data import Example, register
+from typing import Iterator
 
 OPS = "+-*"
 """Operators; ``*`` is drawn like the others and then moved to the front."""
@@ -187,37 +186,3 @@ def make_split(
         it = iter_problems(seed, n_ops=n_ops, operand_max=operand_max, exclude=excl)
         return [next(it) for _ in range(n)]
     raise ValueError(f"unknown split {name!r}; valid: ['eval', 'train']")
-
-
-def length_stats(problems: Sequence[dict]) -> dict[str, float]:
-    """Character lengths of the solutions (one char = one token with the char tokenizer)."""
-    lens = sorted(len(p["solution"]) for p in problems)
-    return {"min": lens[0], "mean": sum(lens) / len(lens), "max": lens[-1],
-            "p90": lens[int(0.9 * (len(lens) - 1))]}
-
-
-# --------------------------------------------------------------------------- registry
-
-
-def _examples(problems: Sequence[dict], source: str) -> list[Example]:
-    return [
-        Example(prompt=p["prompt"], answer=p["answer"], source=source, index=i, scorer="dapo",
-                meta={"n_ops": p["n_ops"], "solution": p["solution"]})
-        for i, p in enumerate(problems)
-    ]
-
-
-@register("arith-train", template="none", scorer="dapo", splits=("train",),
-          description=f"generated arithmetic, {N_TRAIN} problems (seed {TRAIN_SEED}), "
-                      "1-3 ops, operands 1-12, no arith-eval prompt")
-def load_arith_train() -> list[Example]:
-    """Generated arithmetic for RL training: prompt "7*3-5=", answer "16"."""
-    return _examples(make_split("train", N_TRAIN, TRAIN_SEED), "arith-train")
-
-
-@register("arith-eval", template="none", scorer="dapo", splits=("test",),
-          description=f"generated arithmetic, {N_EVAL} held-out problems (seed {EVAL_SEED}), "
-                      "1/2/3 ops in equal shares")
-def load_arith_eval() -> list[Example]:
-    """The fixed held-out arithmetic problems (never in arith-train)."""
-    return _examples(eval_problems(), "arith-eval")

@@ -459,7 +459,9 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None, fault: di
     from accelerate import Accelerator
     from tqdm.auto import tqdm
 
-    from dapo.data import PromptSampler, load_dataset, render_prompt
+    from dapo.data import load_dataset
+    from dapo.prompts import render_prompt
+    from dapo.sampler import PromptSampler
     from dapo.engines import make_engine
     from dapo.models import load_model, load_tokenizer
     from dapo.tracking import Tracker, default_tracking_uri, environment_tags, git_commit

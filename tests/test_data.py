@@ -1,4 +1,5 @@
-"""Tests of dapo.data: shipped files, loaders, templates, bad rows, registry, sampler, rendering."""
+"""Tests of dapo.data, dapo.prompts, dapo.readers and dapo.sampler: shipped files, loaders, templates, bad rows,
+registry, sampler, rendering."""
 
 from __future__ import annotations
 
@@ -12,22 +13,18 @@ from pathlib import Path
 import pytest
 
 from dapo import data
-from dapo.data import (
+from dapo.data import DATASET_DIR, DATASETS, load_dataset, register
+from dapo.prompts import (
     BOXED_TEMPLATE_SUFFIX,
     DAPO_TEMPLATE_PREFIX,
     DAPO_TEMPLATE_SUFFIX,
-    DATASET_DIR,
-    DATASETS,
     DataError,
     Example,
-    PromptSampler,
-    batches,
     drop_long_prompts,
-    load_dataset,
-    register,
     render_prompt,
     wrap_dapo,
 )
+from dapo.sampler import PromptSampler, batches
 
 SHIPPED = ("dapo-math-17k", "aime24", "aime25", "math500", "gsm8k")
 
@@ -372,7 +369,7 @@ def test_missing_minitask_is_tolerated(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("first", ["dapo.minitask", "dapo.data"])
 def test_minitask_registers_without_an_import_cycle(first):
-    """dapo.minitask imports dapo.data at its top; dapo.data imports it lazily."""
+    """dapo.data imports dapo.minitask (which imports nothing from dapo) and registers its splits."""
     pytest.importorskip("dapo.minitask")
     code = (f"import {first}\nimport dapo.data\n"
             "ex, r = dapo.data.load_dataset('arith-eval')\n"
