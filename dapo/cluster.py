@@ -12,6 +12,7 @@ environment of a job script, and the python that runs it::
     setup: [module load cuda/12.4]       # one simple command per line
     python: /shared/dapo-lab/.venv/bin/python
     env: {NCCL_DEBUG: WARN}
+    gpu_memory_gib: 79.6                 # one GPU's memory: `dapo plan` and `sweep submit` budget against it
 
 ``--cluster local`` without a ``slurm/local.yaml`` is an embedded default (this machine).
 :func:`load_profile` checks every value that reaches a job script; :func:`check_resources`
@@ -56,10 +57,11 @@ class ClusterProfile:
     python: str | None = None                 # the job's python (None: the submitting interpreter)
     env: dict[str, str] = field(default_factory=dict)
     signal_delay_s: int = 120
+    gpu_memory_gib: float | None = None       # memory of one GPU (what `dapo plan` budgets against)
 
 
 _PROFILE_KEYS = {"name", "description", "executor", "partition", "account", "qos", "constraint", "limits",
-                 "max_array_parallel", "setup", "python", "env", "signal_delay_s"}
+                 "max_array_parallel", "setup", "python", "env", "signal_delay_s", "gpu_memory_gib"}
 _LIMIT_KEYS = {"nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "time_min"}
 _CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9._,&|\[\]*:-]+$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -133,6 +135,9 @@ def load_profile(name: str | os.PathLike) -> ClusterProfile:
             raise ConfigError(f"{where}: env: {k!r} is not a valid variable name ({_ENV_RE.pattern})")
         if not isinstance(v, (str, int, float)) or isinstance(v, bool) or "\0" in str(v):
             raise ConfigError(f"{where}: env.{k} = {v!r}: expected a string or a number")
+    gpu_mem = check_number(raw.get("gpu_memory_gib"), "gpu_memory_gib", where, allow_none=True)
+    if gpu_mem is not None and gpu_mem <= 0:
+        raise ConfigError(f"{where}: gpu_memory_gib = {gpu_mem!r}: expected a number > 0")
     python = raw.get("python")
     if python is not None and (not isinstance(python, str) or any(c in python for c in "\n\r\0") or not python):
         raise ConfigError(f"{where}: python = {python!r}: expected the path of a python interpreter")
@@ -146,7 +151,8 @@ def load_profile(name: str | os.PathLike) -> ClusterProfile:
         max_time_min=check_int(lim["time_min"], "limits.time_min", where, lo=1),
         max_array_parallel=check_int(raw.get("max_array_parallel", 1), "max_array_parallel", where, lo=1),
         setup=tuple(setup), python=python, env={k: str(v) for k, v in env.items()},
-        signal_delay_s=check_int(raw.get("signal_delay_s", 120), "signal_delay_s", where, lo=1))
+        signal_delay_s=check_int(raw.get("signal_delay_s", 120), "signal_delay_s", where, lo=1),
+        gpu_memory_gib=gpu_mem)
 
 
 def check_resources(spec: "Spec", profile: ClusterProfile) -> None:
