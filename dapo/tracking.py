@@ -21,6 +21,19 @@ MLflow call is retried with exponential backoff and jitter on transient errors (
 resumable (unsent points are in the checkpoint). sqlite on a local disk is fine for a
 handful of concurrent jobs; for more, or for jobs on other machines, run a tracking server
 (:mod:`dapo.mlflow_server`) and point ``logging.tracking_uri`` at it.
+
+Tracking servers and secrets. A tracking URI never holds a password: :class:`Tracker` and
+the launcher refuse one (the URI is written to run directories, job scripts, MLflow params
+and log lines). The password is read, in the process that needs it, from a file or an
+environment variable *named* by ``$DAPO_TRACKING_PASSWORD_FILE`` / ``$DAPO_TRACKING_PASSWORD_ENV``
+(a cluster profile's ``tracking_password_file`` / ``tracking_password_env`` end up there) and
+handed to the client the way its driver reads it: ``PGPASSWORD`` (libpq) for a
+``postgresql://`` store, ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` (HTTP basic
+auth) for an ``http(s)://`` server. :func:`redact` masks any password in text meant for people.
+Against an HTTP server, MLflow's own request retries are turned off (unless
+``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` is set) so that :func:`call_with_retry` is the one bounded
+back-off: a stopped server fails the job after about a minute with a clear message, and the
+resumed job logs what the checkpoint still holds.
 """
 
 from __future__ import annotations
@@ -30,15 +43,19 @@ import math
 import os
 import platform
 import random
+import re
 import subprocess
+import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from dapo import faults
 
 __all__ = ["Tracker", "TrackingError", "default_tracking_uri", "git_commit", "environment_tags",
-           "call_with_retry", "store_lock"]
+           "call_with_retry", "store_lock", "redact", "uri_password", "refuse_password", "read_password",
+           "credentials_env", "use_credentials", "check_server", "PASSWORD_FILE_VAR", "PASSWORD_ENV_VAR"]
 
 
 class TrackingError(RuntimeError):
@@ -74,11 +91,11 @@ def call_with_retry(fn: Callable[..., Any], *args: Any, what: str = "call", uri:
             if not _transient(exc):
                 raise
             if i == attempts - 1:
-                raise TrackingError(f"MLflow store {uri}: {what} failed {attempts} times ({type(exc).__name__}: "
-                                    f"{str(exc)[:300]}); the run is resumable from its last checkpoint, which "
+                raise TrackingError(f"MLflow store {redact(uri)}: {what} failed {attempts} times ({type(exc).__name__}: "
+                                    f"{redact(str(exc))[:300]}); the run is resumable from its last checkpoint, which "
                                     f"holds the points not yet logged") from exc
             wait = delay * (1 + random.random())
-            print(f"[tracking] {what}: transient MLflow error ({type(exc).__name__}: {str(exc)[:120]}); "
+            print(f"[tracking] {what}: transient MLflow error ({type(exc).__name__}: {redact(str(exc))[:120]}); "
                   f"retry {i + 1}/{attempts - 1} in {wait:.1f}s", flush=True)
             time.sleep(wait)
             delay = min(delay * 2, 15.0)
@@ -126,6 +143,155 @@ def default_tracking_uri(output_dir: str | os.PathLike) -> str:
     return f"sqlite:///{p / 'mlruns.db'}"
 
 
+# --------------------------------------------------------------------------- servers and secrets
+PASSWORD_FILE_VAR = "DAPO_TRACKING_PASSWORD_FILE"   # names a file holding the password
+PASSWORD_ENV_VAR = "DAPO_TRACKING_PASSWORD_ENV"     # names an environment variable holding it
+_USERINFO_RE = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*):[^\s@/]*@")
+_QUERY_PW_RE = re.compile(r"(?i)\b(password|passwd|pwd)=[^&\s]*")
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every URI in it (``scheme://user:PW@``, ``?password=PW``) masked."""
+    return _QUERY_PW_RE.sub(r"\1=***", _USERINFO_RE.sub(r"\1:***@", str(text)))
+
+
+def uri_password(uri: str) -> str | None:
+    """The password a URI holds (user info or a ``password=`` query parameter), else None."""
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        pw = parts.password
+    except ValueError:
+        return None
+    if pw:
+        return pw
+    for k, v in urllib.parse.parse_qsl(parts.query):
+        if k.lower() in ("password", "passwd", "pwd") and v:
+            return v
+    return None
+
+
+def refuse_password(uri: str | None, where: str) -> None:
+    """Raise TrackingError (naming ``where``, never the password) if ``uri`` holds a password."""
+    if uri and uri_password(uri):
+        raise TrackingError(f"{where}: the tracking URI {redact(uri)} holds a password, which would be written to "
+                            f"job scripts, run directories, MLflow params and logs; remove it from the URI and "
+                            f"put it in a file named by tracking_password_file (${PASSWORD_FILE_VAR}) or an "
+                            f"environment variable named by tracking_password_env (${PASSWORD_ENV_VAR})")
+
+
+def read_password(*, password_env: str | None = None, password_file: str | os.PathLike | None = None,
+                  where: str = "") -> str | None:
+    """The password in the file ``password_file`` (first line) or the variable ``password_env``; None if neither.
+
+    Errors name the file or the variable, never a value.
+    """
+    src = f" ({where})" if where else ""
+    if password_file:
+        path = Path(password_file).expanduser()
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise TrackingError(f"tracking password file {path}{src}: cannot read it ({exc.strerror})") from None
+        if not lines or not lines[0].strip():
+            raise TrackingError(f"tracking password file {path}{src} is empty")
+        if path.stat().st_mode & 0o077:
+            print(f"[tracking] warning: {path} is readable by other users (chmod 600 it)", file=sys.stderr)
+        return lines[0].strip()
+    if password_env:
+        value = os.environ.get(password_env)
+        if not value:
+            raise TrackingError(f"environment variable {password_env}{src} (the tracking password) is not set "
+                                f"in this process")
+        return value
+    return None
+
+
+def credentials_env(uri: str, password: str) -> dict[str, str]:
+    """The environment variables through which the client of ``uri`` reads ``password``.
+
+    ``postgresql://`` → ``PGPASSWORD`` (libpq); ``http(s)://`` → ``MLFLOW_TRACKING_USERNAME``
+    (the URI's user, else the variable already set) and ``MLFLOW_TRACKING_PASSWORD``.
+    """
+    parts = urllib.parse.urlsplit(uri)
+    scheme = parts.scheme.split("+")[0].lower()
+    if scheme in ("postgresql", "postgres"):
+        return {"PGPASSWORD": password}
+    if scheme in ("http", "https"):
+        user = parts.username or os.environ.get("MLFLOW_TRACKING_USERNAME")
+        if not user:
+            raise TrackingError(f"tracking URI {redact(uri)}: a password needs a user name (http://USER@host:port, "
+                                f"or MLFLOW_TRACKING_USERNAME)")
+        return {"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password}
+    raise TrackingError(f"tracking URI {redact(uri)}: a password is supported for postgresql:// stores and "
+                        f"http(s):// servers only")
+
+
+def use_credentials(uri: str, *, password_env: str | None = None,
+                    password_file: str | os.PathLike | None = None) -> bool:
+    """Give this process (and its children) the password for ``uri``; False if none is named.
+
+    Defaults: the file named by ``$DAPO_TRACKING_PASSWORD_FILE``, else the variable named by
+    ``$DAPO_TRACKING_PASSWORD_ENV``.
+    """
+    if not (password_env or password_file):
+        password_file = os.environ.get(PASSWORD_FILE_VAR) or None
+        password_env = os.environ.get(PASSWORD_ENV_VAR) or None
+        where = f"${PASSWORD_FILE_VAR}" if password_file else f"${PASSWORD_ENV_VAR}"
+    else:
+        where = ""
+    pw = read_password(password_env=password_env, password_file=password_file, where=where)
+    if pw is None:
+        return False
+    os.environ.update(credentials_env(uri, pw))
+    return True
+
+
+def _scheme(uri: str) -> str:
+    return uri.split(":", 1)[0].split("+")[0].lower() if "://" in uri else ""
+
+
+def check_server(uri: str, timeout_s: float = 10.0) -> None:
+    """Raise TrackingError (one line, password masked) unless the store behind ``uri`` answers.
+
+    ``http(s)://``: ``/health`` answers and an authenticated API call succeeds;
+    ``postgresql://`` / ``mysql://`` / ``mssql://``: a connection runs ``SELECT 1``.
+    ``sqlite:///`` and plain paths need no server (nothing is checked).
+    """
+    scheme = _scheme(uri)
+    try:
+        if scheme in ("http", "https"):
+            import urllib.request
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as r:
+                if r.status != 200:
+                    raise OSError(f"/health answered HTTP {r.status}")
+            from mlflow.tracking import MlflowClient
+            old = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+            os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+            try:
+                MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+            finally:
+                if old is None:
+                    os.environ.pop("MLFLOW_HTTP_REQUEST_MAX_RETRIES", None)
+                else:
+                    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = old
+        elif scheme in ("postgresql", "postgres", "mysql", "mssql"):
+            import sqlalchemy as sa
+            args = {"connect_timeout": max(1, int(timeout_s))} if scheme in ("postgresql", "postgres", "mysql") else {}
+            eng = sa.create_engine(uri, connect_args=args)
+            try:
+                with eng.connect() as conn:
+                    conn.execute(sa.text("SELECT 1"))
+            finally:
+                eng.dispose()
+    except TrackingError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
+        orig = getattr(exc, "orig", None) or getattr(exc, "reason", None) or exc
+        reason = " ".join(str(orig).split())[:300] or type(exc).__name__
+        raise TrackingError(f"tracking server {redact(uri)} does not answer ({type(orig).__name__}: "
+                            f"{redact(reason)})") from None
+
+
 def git_commit(cwd: str | os.PathLike | None = None) -> str:
     """The current git commit (``-dirty`` if the tree has changes), or ``unknown``."""
     cwd = cwd or Path(__file__).resolve().parent.parent
@@ -169,6 +335,10 @@ class Tracker:
         self.run_uuid = run_uuid
         if not enabled:
             return
+        refuse_password(tracking_uri, "logging.tracking_uri")
+        use_credentials(tracking_uri)           # $DAPO_TRACKING_PASSWORD_FILE / _ENV, if named
+        if _scheme(tracking_uri) in ("http", "https"):   # call_with_retry is the one bounded back-off
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         from mlflow.tracking import MlflowClient
         if _sqlite_path(tracking_uri) is not None:   # import outside the lock what opening the store needs
             import mlflow.store.db.utils  # noqa: F401
@@ -261,3 +431,24 @@ class Tracker:
     def finish(self, status: str = "FINISHED") -> None:
         if self.enabled:
             self._call(self.client.set_terminated, self.run_uuid, status=status, what="end run")
+
+
+def mark_run_ended(run_dir: str | os.PathLike, exc: BaseException) -> bool:
+    """Best effort: end the MLflow run recorded in ``run_dir/mlflow_run.json`` as FAILED
+    (KILLED for KeyboardInterrupt/SystemExit) with ``dapo.status``/``dapo.error`` tags.
+    Returns True if a run was marked. Never raises: the original error is what matters."""
+    import json
+    try:
+        info = json.loads((Path(run_dir) / "mlflow_run.json").read_text())
+        from mlflow.tracking import MlflowClient
+        client = MlflowClient(tracking_uri=info["tracking_uri"])
+        if client.get_run(info["run_id"]).info.status != "RUNNING":
+            return False   # already ended by the loop itself (e.g. train.nonfinite=stop), with its reason
+        killed = not isinstance(exc, Exception)
+        reason = f"{type(exc).__name__}: {exc}"[:4000]
+        client.set_tag(info["run_id"], "dapo.status", "killed" if killed else "failed")
+        client.set_tag(info["run_id"], "dapo.error", reason)
+        client.set_terminated(info["run_id"], status="KILLED" if killed else "FAILED")
+        return True
+    except Exception:
+        return False
