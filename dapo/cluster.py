@@ -13,6 +13,8 @@ environment of a job script, and the python that runs it::
     python: /shared/dapo-lab/.venv/bin/python
     env: {NCCL_DEBUG: WARN}
     gpu_memory_gib: 79.6                 # one GPU's memory: `dapo plan` and `sweep submit` budget against it
+    tracking_uri: http://mlflow.lab.example:5000   # every job logs here (see slurm/README.md)
+    tracking_password_file: ~/.dapo/mlflow-password   # or tracking_password_env: VAR; never in the URI
 
 ``--cluster local`` without a ``slurm/local.yaml`` is an embedded default (this machine).
 :func:`load_profile` checks every value that reaches a job script; :func:`check_resources`
@@ -58,10 +60,15 @@ class ClusterProfile:
     env: dict[str, str] = field(default_factory=dict)
     signal_delay_s: int = 120
     gpu_memory_gib: float | None = None       # memory of one GPU (what `dapo plan` budgets against)
+    tracking_uri: str | None = None           # MLflow server / database every job of a sweep logs to
+    tracking_password_env: str | None = None  # names the variable holding its password (never the URI)
+    tracking_password_file: str | None = None  # names the file holding it
 
 
 _PROFILE_KEYS = {"name", "description", "executor", "partition", "account", "qos", "constraint", "limits",
-                 "max_array_parallel", "setup", "python", "env", "signal_delay_s", "gpu_memory_gib"}
+                 "max_array_parallel", "setup", "python", "env", "signal_delay_s", "gpu_memory_gib",
+                 "tracking_uri", "tracking_password_env", "tracking_password_file"}
+_TRACKING_SCHEMES = {"http", "https", "postgresql", "postgres", "mysql", "mssql", "sqlite"}
 _LIMIT_KEYS = {"nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "time_min"}
 _CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9._,&|\[\]*:-]+$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -141,6 +148,7 @@ def load_profile(name: str | os.PathLike) -> ClusterProfile:
     python = raw.get("python")
     if python is not None and (not isinstance(python, str) or any(c in python for c in "\n\r\0") or not python):
         raise ConfigError(f"{where}: python = {python!r}: expected the path of a python interpreter")
+    tracking = _tracking_keys(raw, where)
     pname = raw.get("name", path.stem if path else "local")
     return ClusterProfile(
         name=check_name(pname, "name", where), path=path, executor=executor, constraint=constraint, **opt,
@@ -152,7 +160,36 @@ def load_profile(name: str | os.PathLike) -> ClusterProfile:
         max_array_parallel=check_int(raw.get("max_array_parallel", 1), "max_array_parallel", where, lo=1),
         setup=tuple(setup), python=python, env={k: str(v) for k, v in env.items()},
         signal_delay_s=check_int(raw.get("signal_delay_s", 120), "signal_delay_s", where, lo=1),
-        gpu_memory_gib=gpu_mem)
+        gpu_memory_gib=gpu_mem, **tracking)
+
+
+def _tracking_keys(raw: dict, where: str) -> dict[str, str | None]:
+    """``tracking_uri`` (no password in it) and at most one of ``tracking_password_env`` / ``_file``."""
+    from dapo.tracking import redact, uri_password
+    out: dict[str, str | None] = {}
+    for k in ("tracking_uri", "tracking_password_env", "tracking_password_file"):
+        v = raw.get(k)
+        if v is not None and (not isinstance(v, str) or not v.strip() or any(c in v for c in "\n\r\0")):
+            raise ConfigError(f"{where}: {k}: expected one non-empty line of text")
+        out[k] = v
+    uri = out["tracking_uri"]
+    if uri is not None:
+        scheme = uri.split("://", 1)[0].split("+")[0].lower() if "://" in uri else ""
+        if scheme not in _TRACKING_SCHEMES:
+            raise ConfigError(f"{where}: tracking_uri = {redact(uri)!r}: expected an MLflow tracking URI "
+                              f"({', '.join(s + '://' for s in sorted(_TRACKING_SCHEMES))})")
+        if uri_password(uri):
+            raise ConfigError(f"{where}: tracking_uri = {redact(uri)!r} holds a password (it would reach job "
+                              f"scripts, run directories and MLflow): remove it and name a file "
+                              f"(tracking_password_file) or an environment variable (tracking_password_env)")
+    if out["tracking_password_env"] and out["tracking_password_file"]:
+        raise ConfigError(f"{where}: give tracking_password_env or tracking_password_file, not both")
+    if out["tracking_password_env"] and not _ENV_RE.match(out["tracking_password_env"]):
+        raise ConfigError(f"{where}: tracking_password_env = {out['tracking_password_env']!r} is not a valid "
+                          f"variable name ({_ENV_RE.pattern})")
+    if (out["tracking_password_env"] or out["tracking_password_file"]) and not uri:
+        raise ConfigError(f"{where}: a tracking password is named but tracking_uri is not set")
+    return out
 
 
 def check_resources(spec: "Spec", profile: ClusterProfile) -> None:
