@@ -82,9 +82,20 @@ def _mem(mem_gb: float) -> str:
 
 
 def setup_lines(profile: ClusterProfile) -> list[str]:
-    """The profile's setup commands (each word quoted: a simple command, no shell operators) and env exports."""
+    """The profile's setup commands (each word quoted: a simple command, no shell operators) and env exports.
+
+    A profile's ``tracking_uri`` is exported as ``MLFLOW_TRACKING_URI`` and its password's *source*
+    (a file or a variable name, never the password) as ``DAPO_TRACKING_PASSWORD_FILE`` / ``_ENV``,
+    which :class:`dapo.tracking.Tracker` reads in the job.
+    """
+    from dapo.tracking import PASSWORD_ENV_VAR, PASSWORD_FILE_VAR
     lines = [" ".join(shlex.quote(w) for w in shlex.split(line)) for line in profile.setup]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in profile.env.items()]
+    for var, value in (("MLFLOW_TRACKING_URI", profile.tracking_uri),
+                       (PASSWORD_FILE_VAR, profile.tracking_password_file),
+                       (PASSWORD_ENV_VAR, profile.tracking_password_env)):
+        if value:
+            lines.append(f"export {var}={shlex.quote(value)}")
     return lines
 
 
@@ -362,17 +373,45 @@ def status(spec: Spec, output: str | os.PathLike = "runs", jobs: list[Job] | Non
 
 
 # =========================================================================== submit / cancel
-def _init_tracking(jobs: list[Job]) -> None:
+def job_tracking_uri(job: Job, profile: ClusterProfile) -> str:
+    """Where ``job`` logs: its ``logging.tracking_uri``, else the profile's, else the sqlite default."""
+    from dapo.tracking import default_tracking_uri
+    return job.config.logging.tracking_uri or profile.tracking_uri or default_tracking_uri(job.config.output_dir)
+
+
+def _check_tracking(jobs: list[Job], profile: ClusterProfile) -> None:
+    """Before anything is submitted: no URI holds a password, and every tracking server answers.
+
+    Raises :class:`dapo.tracking.TrackingError` (one line, naming the URI without a password).
+    """
+    from dapo.tracking import TrackingError, check_server, refuse_password, use_credentials
+    for uri in dict.fromkeys(job_tracking_uri(j, profile) for j in jobs):
+        refuse_password(uri, "logging.tracking_uri" if uri != profile.tracking_uri else
+                        f"cluster profile {profile.path or profile.name}")
+        if uri.startswith("sqlite:") or "://" not in uri:
+            continue
+        if uri == profile.tracking_uri:
+            use_credentials(uri, password_env=profile.tracking_password_env,
+                            password_file=profile.tracking_password_file)
+        try:
+            check_server(uri)
+        except TrackingError as exc:
+            where = f"tracking_uri in {profile.path}" if uri == profile.tracking_uri and profile.path \
+                else "logging.tracking_uri"
+            raise TrackingError(f"{exc}; nothing was submitted. Start the server (python -m dapo.mlflow_server "
+                                f"--help) or fix {where}") from None
+
+
+def _init_tracking(jobs: list[Job], profile: ClusterProfile) -> None:
     """Create a new sqlite MLflow store (tables + experiment) once, before jobs race to do it.
 
     Jobs starting together on an empty sqlite file all run MLflow's table migrations and
     collide; an existing store or a tracking server needs nothing (the Tracker copes with
     two jobs creating the experiment at once).
     """
-    from dapo.tracking import default_tracking_uri
     seen = set()
     for j in jobs:
-        uri = j.config.logging.tracking_uri or default_tracking_uri(j.config.output_dir)
+        uri = job_tracking_uri(j, profile)
         if not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).exists() or uri in seen:
             continue
         seen.add(uri)
@@ -388,7 +427,10 @@ def _init_tracking(jobs: list[Job]) -> None:
 def _make_job(spec: Spec, job: Job, profile: ClusterProfile) -> RunJob:
     for stale in ("requeues.json", "failed.json"):   # a new submission gets a fresh requeue budget
         (job.run_dir / stale).unlink(missing_ok=True)
-    return RunJob(to_dict(job.config), str(job.run_dir), max_requeues=spec.max_requeues, python=profile.python)
+    config = to_dict(job.config)
+    if profile.tracking_uri and not config["logging"].get("tracking_uri"):   # the cluster's server
+        config["logging"]["tracking_uri"] = profile.tracking_uri
+    return RunJob(config, str(job.run_dir), max_requeues=spec.max_requeues, python=profile.python)
 
 
 def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "runs", *, dry_run: bool = False,
@@ -434,7 +476,8 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
     if not todo:
         log("nothing to submit: every run is finished or still queued")
         return record
-    _init_tracking(todo)
+    _check_tracking(todo, profile)
+    _init_tracking(todo, profile)
     folder = out / "sweeps" / spec.name / "submitit" / record["id"]
     record["folder"] = str(folder)
     path = _records_path(out, spec.name)

@@ -151,9 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from dapo.tracking import TrackingError   # light: imports no mlflow
     try:
         return int(args.fn(args) or 0)
-    except ConfigError as exc:
+    except (ConfigError, TrackingError) as exc:   # a bad spec / profile, or a tracking server that does not answer
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
