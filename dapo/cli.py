@@ -3,6 +3,7 @@
     dapo train EXP.yaml [k=v ...]     run or resume one training run
     dapo config EXP.yaml [k=v ...]    print the resolved config; --keys lists every key
     dapo sweep expand|submit|status|cancel SPEC ...   ablation sweeps (Slurm / local)
+    dapo plan EXP [k=v ...] --cluster PROFILE   will it fit the GPUs, how long is a step
     dapo figures SPEC                 regenerate figures, Table 1 and report.md
     dapo base                         build (or reuse) the tiny supervised base model
     dapo demo                         the README's first command: GRPO vs DAPO end to end
@@ -17,6 +18,8 @@ COMMANDS = {
                             "policy updates, eval, MLflow, checkpoints"),
     "config": ("dapo.cli", "print an experiment's resolved config (with overrides); --keys documents every key"),
     "sweep": ("dapo.sweep", "expand / submit / status / cancel an ablation sweep (Slurm via submitit, or local)"),
+    "plan": ("dapo.plan", "per-GPU memory and step time of an experiment on a cluster profile (arithmetic); "
+                          "exit 1 when it does not fit"),
     "figures": ("analysis.report", "regenerate a sweep's figures, Table 1 and report.md (from MLflow or a snapshot)"),
     "base": ("dapo.base_model", "build (or reuse) the tiny supervised base model of the mini reproduction"),
     "demo": ("dapo.demo", "GRPO vs DAPO on the tiny model, end to end, into results/demo/"),
@@ -29,6 +32,7 @@ Every command reads the same typed config (dapo/config.py). Examples:
   dapo train experiments/tiny-dapo.yaml train.rollout_steps=3
   dapo config experiments/paper-dapo-32b.yaml --keys
   dapo sweep expand sweeps/table1.yaml
+  dapo plan experiments/paper-dapo-32b.yaml --cluster example-gpu-cluster
   dapo sweep submit sweeps/table1-mini.yaml --cluster local
   dapo figures sweeps/table1-mini.yaml --from-snapshot
 """

