@@ -5,11 +5,8 @@ Figure (Agg canvas, no pyplot state) or None when the sweep has no arms to draw 
 Fig. 2 needs two arms that differ in Clip-Higher). :func:`render_all` draws every figure
 and says why any is missing; :func:`save_figure` writes PNG (150 dpi) and PDF.
 
-Which arms a figure compares is read from the resolved configs (flattened dotted keys),
-never from arm names: for a technique (see :data:`TOGGLES`), the pair (off, on) that
-differs in the fewest other techniques, then in the fewest other config keys, then by
-the sweep's shape (ladder: consecutive rows; leave-one-out: the full arm vs the arm
-without it; one-at-a-time: the baseline vs the arm with it alone).
+Which arms a figure compares is :mod:`analysis.arms`' answer (read from the resolved
+configs, never from arm names); metric names and units are :mod:`analysis.metric_names`.
 
 Curves are the mean over seeds with a 95% percentile-bootstrap band (stats.seed_band).
 Accuracies are logged in [0, 1] and drawn in %. Each arm keeps one colour in every figure
@@ -18,10 +15,8 @@ Accuracies are logged in [0, 1] and drawn in %. Each arm keeps one colour in eve
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
 import matplotlib
 import numpy as np
@@ -30,165 +25,14 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .runs import ArmInfo, SweepInfo, arm_configs, arm_order, flatten, primary_metric
+from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs
+from .metric_names import (EVAL_RE, LABELS, X_LABELS, dataset_name, metric_label, metric_scale, metric_short,
+                           primary_metric)
+from .runs import ArmInfo, SweepInfo, arm_order
 from .stats import seed_band
 
-__all__ = [
-    "TOGGLES", "Toggle", "Pair", "FigureResult", "toggle_state", "find_pair", "dapo_arm",
-    "arm_colors", "fig1", "fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "FIGURES",
-    "render_all", "save_figure", "STYLE",
-]
-
-# --------------------------------------------------------------------------- techniques
-@dataclass(frozen=True)
-class Toggle:
-    """One DAPO technique, read off a flattened resolved config."""
-    title: str                                       # "Clip-Higher"
-    keys: tuple[str, ...]                            # the config keys that define it
-    state: Callable[[dict[str, Any]], bool]          # flat config → on?
-    prefer: tuple[str, float] | None = None          # among equal pairs, the "on" value nearest the paper's
-
-
-def _truthy(v: Any) -> bool:
-    if isinstance(v, str):
-        return v.strip().lower() in ("1", "true", "yes", "on")
-    return bool(v)
-
-
-TOGGLES: dict[str, Toggle] = {
-    "overlong_filter": Toggle("overlong filtering", ("algo.overlong.filter",),
-                              lambda c: _truthy(c["algo.overlong.filter"])),
-    "clip_higher": Toggle("Clip-Higher", ("algo.clip.eps_high", "algo.clip.eps_low"),
-                          lambda c: float(c["algo.clip.eps_high"]) > float(c.get("algo.clip.eps_low", 0.2)),
-                          prefer=("algo.clip.eps_high", 0.28)),
-    "soft_punish": Toggle("soft overlong punishment", ("algo.overlong.soft_punish",),
-                          lambda c: _truthy(c["algo.overlong.soft_punish"])),
-    "token_loss": Toggle("token-level loss", ("algo.loss_agg",),
-                         lambda c: str(c["algo.loss_agg"]) == "token_mean"),
-    "dynamic_sampling": Toggle("dynamic sampling", ("algo.dynamic_sampling.enabled",),
-                               lambda c: _truthy(c["algo.dynamic_sampling.enabled"])),
-}
-
-
-def toggle_state(flat_cfg: dict[str, Any], toggle: str) -> bool | None:
-    """Whether ``toggle`` is on in a flattened config; None if its key is not there."""
-    t = TOGGLES[toggle]
-    if t.keys[0] not in flat_cfg:
-        return None
-    try:
-        return bool(t.state(flat_cfg))
-    except (TypeError, ValueError):
-        return None
-
-
-@dataclass(frozen=True)
-class Pair:
-    """Two arms compared for one technique."""
-    toggle: str
-    off: ArmInfo
-    on: ArmInfo
-    other_toggles: tuple[str, ...] = ()   # techniques that also differ
-    other_keys: tuple[str, ...] = ()      # other config keys that also differ
-
-    @property
-    def exact(self) -> bool:
-        return not self.other_toggles and not self.other_keys
-
-    def describe(self) -> str:
-        s = f"“{self.off.label}” (without) vs “{self.on.label}” (with {TOGGLES[self.toggle].title})"
-        if self.exact:
-            return s + "; they differ only in this technique."
-        extra = [TOGGLES[t].title for t in self.other_toggles] + list(self.other_keys)
-        return s + "; they also differ in: " + ", ".join(extra) + "."
-
-
-def _flat_arm_configs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None) -> dict[str, dict]:
-    """Per arm: resolved config keys (from runs) filled in with the sweep's overrides."""
-    from_runs = arm_configs(tidy, configs) if configs else {}
-    out = {}
-    for a in _arms(tidy, sweep):
-        c = dict(flatten(a.overrides)) if a.overrides else {}
-        c.update(from_runs.get(a.name, {}))
-        out[a.name] = c
-    return out
-
-
-def _arms(tidy: pd.DataFrame, sweep: SweepInfo) -> list[ArmInfo]:
-    """The sweep's arms that have runs, in sweep order (then any arm only the runs know)."""
-    present = arm_order(tidy)
-    arms = [a for a in sweep.arms if a.name in present]
-    known = {a.name for a in arms}
-    arms += [ArmInfo(name=n) for n in present if n not in known and n not in {a.name for a in sweep.arms}]
-    return arms
-
-
-def _differ(a: Any, b: Any) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        try:
-            return not np.isclose(float(a), float(b), rtol=1e-9, atol=0)
-        except (TypeError, ValueError):
-            pass
-    return a != b
-
-
-def find_pair(toggle: str, tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
-              *, _acfg: dict | None = None) -> Pair | None:
-    """The (off, on) arms that isolate ``toggle`` best, or None if no arm pair differs in it."""
-    arms = _arms(tidy, sweep)
-    acfg = _acfg if _acfg is not None else _flat_arm_configs(tidy, sweep, configs)
-    state = {a.name: toggle_state(acfg[a.name], toggle) for a in arms}
-    pos = {a.name: i for i, a in enumerate(arms)}
-    n_on = {a.name: sum(bool(toggle_state(acfg[a.name], t)) for t in TOGGLES) for a in arms}
-    full = max(arms, key=lambda a: (n_on[a.name], pos[a.name])).name if arms else None
-    base = min(arms, key=lambda a: (n_on[a.name], pos[a.name])).name if arms else None
-    own = set(TOGGLES[toggle].keys)
-    best, best_key = None, None
-    for off in arms:
-        for on in arms:
-            if state[off.name] is not False or state[on.name] is not True:
-                continue
-            co, cn = acfg[off.name], acfg[on.name]
-            others = tuple(t for t in TOGGLES if t != toggle
-                           and toggle_state(co, t) != toggle_state(cn, t))
-            tkeys = {k for t in others for k in TOGGLES[t].keys}
-            keys = tuple(sorted(k for k in set(co) | set(cn) if k not in own and k not in tkeys
-                                and _differ(co.get(k), cn.get(k))))
-            if sweep.kind == "ladder":
-                shape = abs(pos[on.name] - pos[off.name]) - 1
-            elif sweep.kind == "leave_one_out":
-                shape = int(on.name != full)
-            elif sweep.kind == "one_at_a_time":
-                shape = int(off.name != base)
-            else:
-                shape = 0
-            near = 0.0
-            if TOGGLES[toggle].prefer:  # e.g. an ε_high grid: compare 0.2 with 0.28, the paper's value
-                k, v = TOGGLES[toggle].prefer
-                try:
-                    near = abs(float(cn.get(k)) - v)
-                except (TypeError, ValueError):
-                    pass
-            key = (len(others), len(keys), shape, near, pos[on.name], pos[off.name])
-            if best_key is None or key < best_key:
-                best, best_key = Pair(toggle, off, on, others, keys), key
-    return best
-
-
-def dapo_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
-             *, _acfg: dict | None = None) -> ArmInfo | None:
-    """The full-DAPO arm: a ladder's last row; else the arm named "dapo"; else the one with most techniques."""
-    arms = _arms(tidy, sweep)
-    if not arms:
-        return None
-    if sweep.kind == "ladder":
-        return arms[-1]
-    for a in arms:
-        if a.name.lower() == "dapo":
-            return a
-    acfg = _acfg if _acfg is not None else _flat_arm_configs(tidy, sweep, configs)
-    return max(arms, key=lambda a: (sum(bool(toggle_state(acfg[a.name], t)) for t in TOGGLES),
-                                    [x.name for x in arms].index(a.name)))
-
+__all__ = ["FigureResult", "arm_colors", "fig1", "fig2", "fig3", "fig4", "fig5", "fig6", "fig7",
+           "render_all", "save_figure", "STYLE"]
 
 # --------------------------------------------------------------------------- style
 # Okabe–Ito, colour-blind safe; yellow last (weak on white).
@@ -213,53 +57,6 @@ def arm_colors(tidy: pd.DataFrame | None, sweep: SweepInfo) -> dict[str, str]:
         cmap = matplotlib.colormaps["tab20"]
         return {n: matplotlib.colors.to_hex(cmap(i % 20)) for i, n in enumerate(names)}
     return {n: PALETTE[i] for i, n in enumerate(names)}
-
-
-_EVAL_NAME = re.compile(r"^eval/(?P<ds>[^/]+)/(?P<kind>avg|pass|cons)_at_(?P<k>\d+)$")
-_DATASETS = {"aime24": "AIME 2024", "aime25": "AIME 2025", "math500": "MATH-500", "gsm8k": "GSM8K",
-             "arith": "arith"}
-_LABELS = {
-    "train/entropy": "entropy (nats/token)",
-    "rollout/response_len_mean": "response length (tokens)",
-    "rollout/reward_mean": "mean reward",
-    "train/token_prob_mean": "mean token probability",
-    "train/up_clipped_prob_mean": "mean probability of up-clipped tokens",
-    "sampling/all_correct_frac": "prompts with accuracy 1 (%)",
-    "sampling/all_wrong_frac": "prompts with accuracy 0 (%)",
-    "rollout/acc_mean": "rollout accuracy (%)",
-    "rollout/truncated_frac": "truncated responses (%)",
-}
-_PERCENT = {"sampling/all_correct_frac", "sampling/all_wrong_frac", "rollout/acc_mean",
-            "rollout/truncated_frac", "train/clip_frac_high", "train/clip_frac_low"}
-_X_LABELS = {"grad_step": "gradient step", "rollout_step": "rollout step"}
-
-
-def metric_short(metric: str) -> str:
-    """``eval/aime24/avg_at_32`` → ``avg@32``; other names unchanged."""
-    g = _EVAL_NAME.match(metric)
-    return f"{g['kind']}@{g['k']}" if g else metric
-
-
-def dataset_name(metric: str) -> str:
-    g = _EVAL_NAME.match(metric)
-    return _DATASETS.get(g["ds"], g["ds"]) if g else ""
-
-
-def metric_scale(tidy: pd.DataFrame, metric: str) -> float:
-    """100 for accuracies/fractions logged in [0, 1] (drawn and tabulated in %), else 1."""
-    if not (_EVAL_NAME.match(metric) or metric in _PERCENT):
-        return 1.0
-    v = tidy.loc[tidy["metric"] == metric, "value"].to_numpy(dtype=float)
-    v = v[np.isfinite(v)]
-    return 100.0 if v.size and v.min() >= 0 and v.max() <= 1 else 1.0
-
-
-def metric_label(metric: str, scale: float = 1.0) -> str:
-    g = _EVAL_NAME.match(metric)
-    if g:
-        return f"{metric_short(metric)}" + (" (%)" if scale == 100 else "")
-    lab = _LABELS.get(metric, metric)
-    return lab if scale == 100 or "(%)" not in lab else lab.replace(" (%)", " (fraction)")
 
 
 # --------------------------------------------------------------------------- drawing context
@@ -293,14 +90,14 @@ class _Ctx:
 def _context(tidy, sweep, x, configs, ctx=None) -> _Ctx:
     if ctx is not None:
         return ctx
-    if x not in _X_LABELS:
-        raise ValueError(f"x = {x!r}: expected one of {', '.join(_X_LABELS)}")
+    if x not in X_LABELS:
+        raise ValueError(f"x = {x!r}: expected one of {', '.join(X_LABELS)}")
     metric = sweep.metric or primary_metric(tidy)
     tag = sweep.title_tag
     if tag is None:
         tag = "" if metric and "/aime24/" in metric else "mini"
     return _Ctx(tidy=tidy, sweep=sweep, x=x, configs=configs,
-                acfg=_flat_arm_configs(tidy, sweep, configs), colors=arm_colors(tidy, sweep),
+                acfg=flat_arm_configs(tidy, sweep, configs), colors=arm_colors(tidy, sweep),
                 metric=metric, tag=tag, metrics=set(tidy["metric"].unique()))
 
 
@@ -349,7 +146,7 @@ def _finish(ctx: _Ctx, fig: Figure, axes, number: int, title: str, *, ylabels, p
             note: str | None = None, legend_all: bool = False, xlabel: str | None = None) -> Figure:
     with matplotlib.rc_context(STYLE):
         for i, (ax, yl) in enumerate(zip(axes, ylabels)):
-            ax.set_xlabel(xlabel or _X_LABELS[ctx.x])
+            ax.set_xlabel(xlabel or X_LABELS[ctx.x])
             ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 5, 10], integer=True))
             ax.set_ylabel(yl)
             if panel_titles:
@@ -385,7 +182,7 @@ def _pair_figure(ctx: _Ctx, toggle: str, number: int, metrics: list[str], what: 
         for arm in (pair.off, pair.on):
             _draw(ctx, ax, m, arm)
     letters = "abcdefgh"
-    titles = [f"({letters[i]}) " + (_acc_title(ctx) if m == ctx.metric else _LABELS.get(m, m).split(" (")[0])
+    titles = [f"({letters[i]}) " + (_acc_title(ctx) if m == ctx.metric else LABELS.get(m, m).split(" (")[0])
               for i, m in enumerate(metrics)]
     note = None if pair.exact else "Arms also differ in: " + ", ".join(
         [TOGGLES[t].title for t in pair.other_toggles] + list(pair.other_keys))
@@ -399,14 +196,14 @@ def _fig1(ctx: _Ctx):
     arm = dapo_arm(ctx.tidy, ctx.sweep, ctx.configs, _acfg=ctx.acfg)
     if arm is None or not ctx.metric:
         return None, "no eval metric (eval/<dataset>/avg_at_<k>) was logged" if arm else "no runs"
-    g = _EVAL_NAME.match(ctx.metric)
-    names = [f"eval/{g['ds']}/{kind}_at_{g['k']}" for kind in ("avg", "pass", "cons")]
+    g = EVAL_RE.match(ctx.metric)
+    names = [f"eval/{g['dataset']}/{kind}_at_{g['k']}" for kind in ("avg", "pass", "cons")]
     names = [m for m in names if m in ctx.metrics]
     fig, (ax,) = _new_figure()
     styles = {"avg": "-", "pass": "--", "cons": "-."}
     shades = {"avg": ctx.colors.get(arm.name), "pass": "#444444", "cons": "#999999"}
     for m in names:
-        kind = _EVAL_NAME.match(m)["kind"]
+        kind = EVAL_RE.match(m)["kind"]
         _draw(ctx, ax, m, arm, color=shades[kind], linestyle=styles[kind], label=metric_short(m))
     scale = ctx.scale(ctx.metric)
     fig = _finish(ctx, fig, [ax], 1, f"{dataset_name(ctx.metric)} accuracy during training",
@@ -419,7 +216,7 @@ def _toggle_note(ctx: _Ctx, toggle: str) -> str:
     pair = find_pair(toggle, ctx.tidy, ctx.sweep, ctx.configs, _acfg=ctx.acfg)
     if pair is None:
         key = TOGGLES[toggle].keys[0]
-        values = ", ".join(f"{a.name}: {ctx.acfg[a.name].get(key, 'unknown')}" for a in _arms(ctx.tidy, ctx.sweep))
+        values = ", ".join(f"{a.name}: {ctx.acfg[a.name].get(key, 'unknown')}" for a in arms_with_runs(ctx.tidy, ctx.sweep))
         return f"no two arms of this sweep differ in {TOGGLES[toggle].title} ({key} per arm: {values})"
     return pair.describe()
 
@@ -450,7 +247,7 @@ def _fig3(ctx):
     for ax, m in zip(axes, present):
         for arm in arms:
             _draw(ctx, ax, m, arm)
-    titles = [f"({'ab'[i]}) " + _LABELS[m].split(" (")[0] for i, m in enumerate(present)]
+    titles = [f"({'ab'[i]}) " + LABELS[m].split(" (")[0] for i, m in enumerate(present)]
     fig = _finish(ctx, fig, axes, 3, "up-clipped token probability and all-correct prompts",
                   ylabels=[metric_label(m, ctx.scale(m)) for m in present], panel_titles=titles,
                   legend_all=True)
@@ -524,7 +321,7 @@ def _fig7(ctx):
         _draw(ctx, ax, m, arm)
     for ax in axes[len(present):]:
         ax.set_visible(False)
-    titles = [f"({'abcd'[i]}) " + _LABELS[m].split(" (")[0] for i, m in enumerate(present)]
+    titles = [f"({'abcd'[i]}) " + LABELS[m].split(" (")[0] for i, m in enumerate(present)]
     fig = _finish(ctx, fig, axes[:len(present)], 7, f"training dynamics of “{arm.label}”",
                   ylabels=[metric_label(m, ctx.scale(m)) for m in present], panel_titles=titles)
     return fig, f"arm “{arm.label}”" + _missing(ctx, ms)
@@ -553,7 +350,6 @@ def _public(name: str):
 
 
 fig1, fig2, fig3, fig4, fig5, fig6, fig7 = (_public(f"fig{i}") for i in range(1, 8))
-FIGURES = {f"fig{i}": f for i, f in enumerate((fig1, fig2, fig3, fig4, fig5, fig6, fig7), 1)}
 
 
 @dataclass

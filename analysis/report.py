@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .figures import TOGGLES, _arms, dapo_arm, find_pair, render_all, save_figure, _flat_arm_configs
-from .runs import SweepInfo, infer_sweep_info, load_runs, load_snapshot, read_meta, snapshot
+from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
+from .runs import SweepInfo, load_runs, load_snapshot, read_meta, snapshot
 from .tables import compare_table, format_table1, table1, to_csv, to_latex, to_markdown
 
 __all__ = ["write_report", "main"]
@@ -36,7 +36,7 @@ _NO_READING = ("_No reading yet. Write one in `reading.md` next to this file (or
 
 
 def _compare_md(tidy, configs, sweep: SweepInfo, final_k: int) -> str:
-    acfg = _flat_arm_configs(tidy, sweep, configs)
+    acfg = flat_arm_configs(tidy, sweep, configs)
     parts = [f"# {sweep.name}: arm-vs-arm comparison\n",
              f"Final value per run = mean of its last {final_k} logged points; mean over seeds. "
              "`diff` = second arm − first arm. Accuracies and fractions in %.\n"]
@@ -48,7 +48,7 @@ def _compare_md(tidy, configs, sweep: SweepInfo, final_k: int) -> str:
         seen.add((p.off.name, p.on.name))
         parts += [f"## {TOGGLES[t].title}: {p.off.label} → {p.on.label}\n", p.describe() + "\n",
                   to_markdown(compare_table(tidy, p.off.name, p.on.name, final_k=final_k))]
-    arms = _arms(tidy, sweep)
+    arms = arms_with_runs(tidy, sweep)
     full = dapo_arm(tidy, sweep, configs, _acfg=acfg)
     if arms and full is not None and arms[0].name != full.name and (arms[0].name, full.name) not in seen:
         parts += [f"## First arm vs DAPO arm: {arms[0].label} → {full.label}\n",
@@ -62,7 +62,7 @@ def _runs_md(tidy: pd.DataFrame, sweep: SweepInfo) -> str:
     per = tidy.groupby(["arm", "run"], sort=False).agg(
         seed=("seed", "first"), grad=("grad_step", "max"), time=("time", "max")).reset_index()
     rows = []
-    for arm in _arms(tidy, sweep):
+    for arm in arms_with_runs(tidy, sweep):
         g = per[per["arm"] == arm.name]
         rows.append({"arm": arm.label, "seeds": ", ".join(str(s) for s in sorted(g["seed"])),
                      "last grad step (min–max)": f"{g['grad'].min()}–{g['grad'].max()}",
@@ -83,6 +83,7 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
     given, an existing ``reading.md`` is kept and embedded. ``formats``: figure files to
     write (the report links the PNG, and the PDF when written).
     """
+    from .figures import render_all, save_figure  # here: matplotlib only when figures are drawn
     out = Path(out_dir)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     sweep = sweep_info or infer_sweep_info(tidy, configs)
@@ -113,7 +114,7 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
 
     meta = meta or {}
     lines = [f"# {sweep.name}: DAPO vs GRPO ablation report", "",
-             f"- sweep kind: {sweep.kind}; arms: {len(_arms(tidy, sweep))}; runs: {tidy['run'].nunique()}",
+             f"- sweep kind: {sweep.kind}; arms: {len(arms_with_runs(tidy, sweep))}; runs: {tidy['run'].nunique()}",
              f"- x axis: {'gradient step' if x == 'grad_step' else 'rollout step'}; final = mean of the last {final_k} evaluations of "
              f"`{t1.attrs.get('metric')}`",
              f"- generated {datetime.now(timezone.utc).isoformat(timespec='seconds')}"

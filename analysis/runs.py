@@ -18,8 +18,9 @@ A snapshot (``results/<sweep>/snapshot/``) freezes both, plus the sweep descript
 figures and tables can be regenerated without the tracking server:
 ``runs.parquet``, ``configs.json``, ``sweep.json``, ``meta.json``.
 
-This module imports neither torch nor vllm; mlflow is imported only inside
-:func:`load_runs`.
+This module only reads and writes (MLflow, snapshot files); which arms to compare is
+:mod:`analysis.arms`, metric naming :mod:`analysis.metric_names`. It imports neither torch
+nor vllm; mlflow is imported only inside :func:`load_runs`.
 """
 
 from __future__ import annotations
@@ -27,20 +28,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from dapo.sweep_spec import KINDS as SWEEP_KINDS
+
 __all__ = [
     "ArmInfo", "SweepInfo", "TIDY_COLUMNS", "load_runs", "snapshot", "load_snapshot",
-    "infer_sweep_info", "primary_metric", "eval_metrics", "flatten", "arm_configs",
     "arm_order", "normalize_tidy", "read_meta",
 ]
 
@@ -49,8 +50,6 @@ log = logging.getLogger(__name__)
 TIDY_COLUMNS = ["run", "run_id", "sweep", "arm", "seed", "rollout_step", "grad_step",
                 "time", "metric", "value"]
 _STR_COLS = ["run", "run_id", "sweep", "arm", "metric"]
-_EVAL_RE = re.compile(r"^eval/(?P<dataset>[^/]+)/(?P<kind>avg|pass|cons)_at_(?P<k>\d+)$")
-SWEEP_KINDS = ("ladder", "one_at_a_time", "leave_one_out", "grid")
 
 
 # --------------------------------------------------------------------------- sweep description
@@ -73,7 +72,7 @@ class SweepInfo:
     name: str                                  # sweep name = MLflow experiment name
     kind: str = "grid"                         # ladder | one_at_a_time | leave_one_out | grid
     arms: tuple[ArmInfo, ...] = ()             # in sweep order (ladder: row order)
-    metric: str | None = None                  # primary eval metric (None: discovered, see primary_metric)
+    metric: str | None = None                  # primary eval metric (None: metric_names.primary_metric)
     final_k: int = 3                           # "final" = mean of the last final_k evaluations
     title_tag: str | None = None               # figure titles "Fig. 2 (<tag>): ..."; None: "mini" unless AIME
 
@@ -102,18 +101,6 @@ class SweepInfo:
 
 
 # --------------------------------------------------------------------------- helpers
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """Nested dict → ``{"algo.clip.eps_high": 0.28, ...}`` (lists kept as values)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key))
-        else:
-            out[key] = v
-    return out
-
-
 def _unflatten(flat: dict[str, Any]) -> dict:
     out: dict = {}
     for key, v in flat.items():
@@ -143,28 +130,6 @@ def _parse_param(s: str) -> Any:
         return yaml.safe_load(s)
     except Exception:
         return s
-
-
-def eval_metrics(metrics: Iterable[str]) -> list[tuple[str, str, str, int]]:
-    """``[(name, dataset, kind, k)]`` for every ``eval/<dataset>/<kind>_at_<k>`` name."""
-    out = []
-    for m in sorted(set(metrics)):
-        g = _EVAL_RE.match(m)
-        if g:
-            out.append((m, g["dataset"], g["kind"], int(g["k"])))
-    return out
-
-
-def primary_metric(tidy_or_metrics: pd.DataFrame | Iterable[str]) -> str | None:
-    """The headline metric: ``avg_at_<largest k>`` on aime24 if logged, else the first dataset."""
-    metrics = (tidy_or_metrics["metric"].unique() if isinstance(tidy_or_metrics, pd.DataFrame)
-               else tidy_or_metrics)
-    avg = [e for e in eval_metrics(metrics) if e[2] == "avg"]
-    if not avg:
-        return None
-    datasets = sorted({e[1] for e in avg}, key=lambda d: (d != "aime24", d))
-    best = max((e for e in avg if e[1] == datasets[0]), key=lambda e: e[3])
-    return best[0]
 
 
 def normalize_tidy(df: pd.DataFrame) -> pd.DataFrame:
@@ -334,64 +299,10 @@ def _assemble(pts: pd.DataFrame, meta: pd.DataFrame) -> pd.DataFrame:
     return normalize_tidy(df)
 
 
-# --------------------------------------------------------------------------- arms from configs
-_NOISE_KEY = re.compile(r"^(name|output_dir)$|^(logging|launch|checkpoint)\.|(^|\.)seed$|^train\.threads$")
-
-
-def _hashable(v: Any) -> Any:
-    return json.dumps(v, sort_keys=True, default=str) if isinstance(v, (list, dict)) else v
-
-
-def arm_configs(tidy: pd.DataFrame, configs: dict[str, dict]) -> dict[str, dict[str, Any]]:
-    """Per arm: the flattened resolved config keys shared by all its runs (noise keys removed).
-
-    Keys whose value differs between runs of one arm (seeds, output paths) and bookkeeping
-    keys (``logging.*``, ``launch.*``, ``checkpoint.*``, ``*.seed``) are dropped.
-    """
-    out: dict[str, dict[str, Any]] = {}
-    pairs = tidy[["arm", "run"]].drop_duplicates()
-    for arm, runs in pairs.groupby("arm", sort=False)["run"]:
-        flats = [flatten(configs[r]) for r in runs if r in configs]
-        if not flats:
-            continue
-        common = {}
-        for k, v in flats[0].items():
-            if _NOISE_KEY.search(k):
-                continue
-            if all(k in f and _hashable(f[k]) == _hashable(v) for f in flats[1:]):
-                common[k] = v
-        out[arm] = common
-    return out
-
-
+# --------------------------------------------------------------------------- arms
 def arm_order(tidy: pd.DataFrame) -> list[str]:
     """Arms in first-logged order (load_runs orders runs by start time)."""
     return list(dict.fromkeys(tidy["arm"].tolist()))
-
-
-def infer_sweep_info(tidy: pd.DataFrame, configs: dict[str, dict], sweep_name: str | None = None,
-                     *, kind: str | None = None) -> SweepInfo:
-    """A SweepInfo from the runs alone (no sweep file): arms from the ``dapo.arm`` tags.
-
-    Arms are ordered by how many DAPO techniques they enable (GRPO first), ties by start;
-    overrides are the config keys that differ between arms; a chain of strictly growing
-    technique sets is called a ladder, anything else a grid. No paper values.
-    """
-    from .figures import TOGGLES, toggle_state  # local: figures imports this module
-
-    name = sweep_name or (tidy["sweep"].iloc[0] if len(tidy) else "sweep")
-    order = arm_order(tidy)
-    acfg = arm_configs(tidy, configs)
-    on = {a: frozenset(t for t in TOGGLES if toggle_state(acfg.get(a, {}), t)) for a in order}
-    order = sorted(order, key=lambda a: (len(on[a]), order.index(a)))
-    keys = sorted({k for c in acfg.values() for k in c})
-    varying = [k for k in keys if len({_hashable(acfg.get(a, {}).get(k, None)) for a in order}) > 1]
-    arms = tuple(ArmInfo(name=a, label=a, overrides={k: acfg.get(a, {}).get(k) for k in varying})
-                 for a in order)
-    if kind is None:
-        chain = len(order) > 1 and all(on[x] < on[y] for x, y in zip(order, order[1:]))
-        kind = "ladder" if chain else "grid"
-    return SweepInfo(name=name, kind=kind, arms=arms, metric=primary_metric(tidy))
 
 
 # --------------------------------------------------------------------------- snapshots

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .figures import _arms, metric_scale, metric_short, dataset_name
-from .runs import SweepInfo, primary_metric
+from .arms import arms_with_runs
+from .metric_names import dataset_name, metric_scale, metric_short, primary_metric
+from .runs import SweepInfo
 from .stats import bootstrap_ci, run_finals
 
 __all__ = ["table1", "format_table1", "compare_table", "to_markdown", "to_csv", "to_latex"]
@@ -42,7 +43,7 @@ def table1(tidy: pd.DataFrame, sweep_info: SweepInfo, final_k: int | None = 3, *
     rows = []
     # every arm of the sweep (one without runs yet shows n_seeds 0), then arms only the runs know
     names = {a.name for a in sweep_info.arms}
-    arms = list(sweep_info.arms) + [a for a in _arms(tidy, sweep_info) if a.name not in names]
+    arms = list(sweep_info.arms) + [a for a in arms_with_runs(tidy, sweep_info) if a.name not in names]
     for arm in arms:
         f = finals.loc[finals["arm"] == arm.name, "final"].to_numpy(dtype=float)
         mean, lo, hi = bootstrap_ci(f, n_boot=n_boot, seed=seed)

@@ -27,8 +27,10 @@ import pandas as pd
 import pandas.testing as pdt
 import pytest
 
-from analysis.runs import (ArmInfo, SweepInfo, TIDY_COLUMNS, infer_sweep_info, load_runs, load_snapshot,
-                           normalize_tidy, primary_metric, read_meta, snapshot)
+from analysis.arms import infer_sweep_info
+from analysis.metric_names import primary_metric
+from analysis.runs import (ArmInfo, SweepInfo, TIDY_COLUMNS, load_runs, load_snapshot, normalize_tidy, read_meta,
+                           snapshot)
 from analysis.stats import bootstrap_ci, run_finals, seed_band
 
 REPO = Path(__file__).resolve().parents[1]
@@ -402,7 +404,7 @@ def _toy(arms: dict[str, dict]) -> tuple[pd.DataFrame, dict]:
      "clip_higher", ("e20", "e28")),
 ])
 def test_find_pair(kind, arms, toggle, want):
-    from analysis.figures import find_pair
+    from analysis.arms import find_pair
     tidy, configs = _toy(arms)
     s = SweepInfo(name="s", kind=kind, arms=tuple(ArmInfo(a) for a in arms))
     p = find_pair(toggle, tidy, s, configs)

@@ -1,0 +1,231 @@
+"""Which arms to compare: the DAPO techniques read off resolved configs, the (off, on) pair that
+isolates each one, the full-DAPO arm, and a sweep description inferred from the runs alone.
+
+Arms are compared by their resolved configs (flattened dotted keys), never by their names:
+for a technique (see :data:`TOGGLES`), the pair (off, on) that differs in the fewest other
+techniques, then in the fewest other config keys, then by the sweep's shape (ladder:
+consecutive rows; leave-one-out: the full arm vs the arm without it; one-at-a-time: the
+baseline vs the arm with it alone). Figures, tables and the report all ask this module.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from dapo.config import flatten
+
+from .metric_names import primary_metric
+from .runs import ArmInfo, SweepInfo, arm_order
+
+__all__ = ["TOGGLES", "Toggle", "Pair", "toggle_state", "arm_configs", "flat_arm_configs", "arms_with_runs",
+           "find_pair", "dapo_arm", "infer_sweep_info"]
+
+
+# --------------------------------------------------------------------------- techniques
+@dataclass(frozen=True)
+class Toggle:
+    """One DAPO technique, read off a flattened resolved config."""
+    title: str                                       # "Clip-Higher"
+    keys: tuple[str, ...]                            # the config keys that define it
+    state: Callable[[dict[str, Any]], bool]          # flat config → on?
+    prefer: tuple[str, float] | None = None          # among equal pairs, the "on" value nearest the paper's
+
+
+def _truthy(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() in ("1", "true", "yes", "on")
+    return bool(v)
+
+
+TOGGLES: dict[str, Toggle] = {
+    "overlong_filter": Toggle("overlong filtering", ("algo.overlong.filter",),
+                              lambda c: _truthy(c["algo.overlong.filter"])),
+    "clip_higher": Toggle("Clip-Higher", ("algo.clip.eps_high", "algo.clip.eps_low"),
+                          lambda c: float(c["algo.clip.eps_high"]) > float(c.get("algo.clip.eps_low", 0.2)),
+                          prefer=("algo.clip.eps_high", 0.28)),
+    "soft_punish": Toggle("soft overlong punishment", ("algo.overlong.soft_punish",),
+                          lambda c: _truthy(c["algo.overlong.soft_punish"])),
+    "token_loss": Toggle("token-level loss", ("algo.loss_agg",),
+                         lambda c: str(c["algo.loss_agg"]) == "token_mean"),
+    "dynamic_sampling": Toggle("dynamic sampling", ("algo.dynamic_sampling.enabled",),
+                               lambda c: _truthy(c["algo.dynamic_sampling.enabled"])),
+}
+
+
+def toggle_state(flat_cfg: dict[str, Any], toggle: str) -> bool | None:
+    """Whether ``toggle`` is on in a flattened config; None if its key is not there."""
+    t = TOGGLES[toggle]
+    if t.keys[0] not in flat_cfg:
+        return None
+    try:
+        return bool(t.state(flat_cfg))
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two arms compared for one technique."""
+    toggle: str
+    off: ArmInfo
+    on: ArmInfo
+    other_toggles: tuple[str, ...] = ()   # techniques that also differ
+    other_keys: tuple[str, ...] = ()      # other config keys that also differ
+
+    @property
+    def exact(self) -> bool:
+        return not self.other_toggles and not self.other_keys
+
+    def describe(self) -> str:
+        s = f"“{self.off.label}” (without) vs “{self.on.label}” (with {TOGGLES[self.toggle].title})"
+        if self.exact:
+            return s + "; they differ only in this technique."
+        extra = [TOGGLES[t].title for t in self.other_toggles] + list(self.other_keys)
+        return s + "; they also differ in: " + ", ".join(extra) + "."
+
+
+def flat_arm_configs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None) -> dict[str, dict]:
+    """Per arm: the flattened resolved config keys (from runs) filled in with the sweep's overrides."""
+    from_runs = arm_configs(tidy, configs) if configs else {}
+    out = {}
+    for a in arms_with_runs(tidy, sweep):
+        c = dict(flatten(a.overrides)) if a.overrides else {}
+        c.update(from_runs.get(a.name, {}))
+        out[a.name] = c
+    return out
+
+
+def arms_with_runs(tidy: pd.DataFrame, sweep: SweepInfo) -> list[ArmInfo]:
+    """The sweep's arms that have runs, in sweep order (then any arm only the runs know)."""
+    present = arm_order(tidy)
+    arms = [a for a in sweep.arms if a.name in present]
+    known = {a.name for a in arms}
+    arms += [ArmInfo(name=n) for n in present if n not in known and n not in {a.name for a in sweep.arms}]
+    return arms
+
+
+def _differ(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return not np.isclose(float(a), float(b), rtol=1e-9, atol=0)
+        except (TypeError, ValueError):
+            pass
+    return a != b
+
+
+def find_pair(toggle: str, tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
+              *, _acfg: dict | None = None) -> Pair | None:
+    """The (off, on) arms that isolate ``toggle`` best, or None if no arm pair differs in it."""
+    arms = arms_with_runs(tidy, sweep)
+    acfg = _acfg if _acfg is not None else flat_arm_configs(tidy, sweep, configs)
+    state = {a.name: toggle_state(acfg[a.name], toggle) for a in arms}
+    pos = {a.name: i for i, a in enumerate(arms)}
+    n_on = {a.name: sum(bool(toggle_state(acfg[a.name], t)) for t in TOGGLES) for a in arms}
+    full = max(arms, key=lambda a: (n_on[a.name], pos[a.name])).name if arms else None
+    base = min(arms, key=lambda a: (n_on[a.name], pos[a.name])).name if arms else None
+    own = set(TOGGLES[toggle].keys)
+    best, best_key = None, None
+    for off in arms:
+        for on in arms:
+            if state[off.name] is not False or state[on.name] is not True:
+                continue
+            co, cn = acfg[off.name], acfg[on.name]
+            others = tuple(t for t in TOGGLES if t != toggle
+                           and toggle_state(co, t) != toggle_state(cn, t))
+            tkeys = {k for t in others for k in TOGGLES[t].keys}
+            keys = tuple(sorted(k for k in set(co) | set(cn) if k not in own and k not in tkeys
+                                and _differ(co.get(k), cn.get(k))))
+            if sweep.kind == "ladder":
+                shape = abs(pos[on.name] - pos[off.name]) - 1
+            elif sweep.kind == "leave_one_out":
+                shape = int(on.name != full)
+            elif sweep.kind == "one_at_a_time":
+                shape = int(off.name != base)
+            else:
+                shape = 0
+            near = 0.0
+            if TOGGLES[toggle].prefer:  # e.g. an ε_high grid: compare 0.2 with 0.28, the paper's value
+                k, v = TOGGLES[toggle].prefer
+                try:
+                    near = abs(float(cn.get(k)) - v)
+                except (TypeError, ValueError):
+                    pass
+            key = (len(others), len(keys), shape, near, pos[on.name], pos[off.name])
+            if best_key is None or key < best_key:
+                best, best_key = Pair(toggle, off, on, others, keys), key
+    return best
+
+
+def dapo_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
+             *, _acfg: dict | None = None) -> ArmInfo | None:
+    """The full-DAPO arm: a ladder's last row; else the arm named "dapo"; else the one with most techniques."""
+    arms = arms_with_runs(tidy, sweep)
+    if not arms:
+        return None
+    if sweep.kind == "ladder":
+        return arms[-1]
+    for a in arms:
+        if a.name.lower() == "dapo":
+            return a
+    acfg = _acfg if _acfg is not None else flat_arm_configs(tidy, sweep, configs)
+    return max(arms, key=lambda a: (sum(bool(toggle_state(acfg[a.name], t)) for t in TOGGLES),
+                                    [x.name for x in arms].index(a.name)))
+
+
+# --------------------------------------------------------------------------- arms from configs
+_NOISE_KEY = re.compile(r"^(name|output_dir)$|^(logging|launch|checkpoint)\.|(^|\.)seed$|^train\.threads$")
+
+
+def _hashable(v: Any) -> Any:
+    return json.dumps(v, sort_keys=True, default=str) if isinstance(v, (list, dict)) else v
+
+
+def arm_configs(tidy: pd.DataFrame, configs: dict[str, dict]) -> dict[str, dict[str, Any]]:
+    """Per arm: the flattened resolved config keys shared by all its runs (noise keys removed).
+
+    Keys whose value differs between runs of one arm (seeds, output paths) and bookkeeping
+    keys (``logging.*``, ``launch.*``, ``checkpoint.*``, ``*.seed``) are dropped.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    pairs = tidy[["arm", "run"]].drop_duplicates()
+    for arm, runs in pairs.groupby("arm", sort=False)["run"]:
+        flats = [flatten(configs[r]) for r in runs if r in configs]
+        if not flats:
+            continue
+        common = {}
+        for k, v in flats[0].items():
+            if _NOISE_KEY.search(k):
+                continue
+            if all(k in f and _hashable(f[k]) == _hashable(v) for f in flats[1:]):
+                common[k] = v
+        out[arm] = common
+    return out
+
+
+def infer_sweep_info(tidy: pd.DataFrame, configs: dict[str, dict], sweep_name: str | None = None,
+                     *, kind: str | None = None) -> SweepInfo:
+    """A SweepInfo from the runs alone (no sweep file): arms from the ``dapo.arm`` tags.
+
+    Arms are ordered by how many DAPO techniques they enable (GRPO first), ties by start;
+    overrides are the config keys that differ between arms; a chain of strictly growing
+    technique sets is called a ladder, anything else a grid. No paper values.
+    """
+    name = sweep_name or (tidy["sweep"].iloc[0] if len(tidy) else "sweep")
+    order = arm_order(tidy)
+    acfg = arm_configs(tidy, configs)
+    on = {a: frozenset(t for t in TOGGLES if toggle_state(acfg.get(a, {}), t)) for a in order}
+    order = sorted(order, key=lambda a: (len(on[a]), order.index(a)))
+    keys = sorted({k for c in acfg.values() for k in c})
+    varying = [k for k in keys if len({_hashable(acfg.get(a, {}).get(k, None)) for a in order}) > 1]
+    arms = tuple(ArmInfo(name=a, label=a, overrides={k: acfg.get(a, {}).get(k) for k in varying})
+                 for a in order)
+    if kind is None:
+        chain = len(order) > 1 and all(on[x] < on[y] for x, y in zip(order, order[1:]))
+        kind = "ladder" if chain else "grid"
+    return SweepInfo(name=name, kind=kind, arms=arms, metric=primary_metric(tidy))

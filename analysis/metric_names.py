@@ -1,0 +1,88 @@
+"""Metric names: which logged names are evaluations, the headline metric, and how a name is shown.
+
+Evaluation metrics are named ``eval/<dataset>/<kind>_at_<k>`` (kind: avg | pass | cons), the
+one pattern :data:`EVAL_RE` reads. Accuracies and fractions are logged in [0, 1] and shown in %
+(:func:`metric_scale`). Pure: pandas and numpy only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["EVAL_RE", "LABELS", "X_LABELS", "eval_metrics", "primary_metric", "metric_short", "dataset_name",
+           "metric_scale", "metric_label"]
+
+EVAL_RE = re.compile(r"^eval/(?P<dataset>[^/]+)/(?P<kind>avg|pass|cons)_at_(?P<k>\d+)$")
+DATASET_TITLES = {"aime24": "AIME 2024", "aime25": "AIME 2025", "math500": "MATH-500", "gsm8k": "GSM8K",
+                  "arith": "arith"}
+LABELS = {
+    "train/entropy": "entropy (nats/token)",
+    "rollout/response_len_mean": "response length (tokens)",
+    "rollout/reward_mean": "mean reward",
+    "train/token_prob_mean": "mean token probability",
+    "train/up_clipped_prob_mean": "mean probability of up-clipped tokens",
+    "sampling/all_correct_frac": "prompts with accuracy 1 (%)",
+    "sampling/all_wrong_frac": "prompts with accuracy 0 (%)",
+    "rollout/acc_mean": "rollout accuracy (%)",
+    "rollout/truncated_frac": "truncated responses (%)",
+}
+"""Axis labels of the non-eval metrics the figures draw."""
+PERCENT = {"sampling/all_correct_frac", "sampling/all_wrong_frac", "rollout/acc_mean",
+           "rollout/truncated_frac", "train/clip_frac_high", "train/clip_frac_low"}
+"""Non-eval metrics that are fractions in [0, 1] (shown in %)."""
+X_LABELS = {"grad_step": "gradient step", "rollout_step": "rollout step"}
+
+
+def eval_metrics(metrics: Iterable[str]) -> list[tuple[str, str, str, int]]:
+    """``[(name, dataset, kind, k)]`` for every ``eval/<dataset>/<kind>_at_<k>`` name."""
+    out = []
+    for m in sorted(set(metrics)):
+        g = EVAL_RE.match(m)
+        if g:
+            out.append((m, g["dataset"], g["kind"], int(g["k"])))
+    return out
+
+
+def primary_metric(tidy_or_metrics: pd.DataFrame | Iterable[str]) -> str | None:
+    """The headline metric: ``avg_at_<largest k>`` on aime24 if logged, else the first dataset."""
+    metrics = (tidy_or_metrics["metric"].unique() if isinstance(tidy_or_metrics, pd.DataFrame)
+               else tidy_or_metrics)
+    avg = [e for e in eval_metrics(metrics) if e[2] == "avg"]
+    if not avg:
+        return None
+    datasets = sorted({e[1] for e in avg}, key=lambda d: (d != "aime24", d))
+    best = max((e for e in avg if e[1] == datasets[0]), key=lambda e: e[3])
+    return best[0]
+
+
+def metric_short(metric: str) -> str:
+    """``eval/aime24/avg_at_32`` → ``avg@32``; other names unchanged."""
+    g = EVAL_RE.match(metric)
+    return f"{g['kind']}@{g['k']}" if g else metric
+
+
+def dataset_name(metric: str) -> str:
+    """``eval/aime24/avg_at_32`` → ``AIME 2024``; ``""`` for a non-eval metric."""
+    g = EVAL_RE.match(metric)
+    return DATASET_TITLES.get(g["dataset"], g["dataset"]) if g else ""
+
+
+def metric_scale(tidy: pd.DataFrame, metric: str) -> float:
+    """100 for accuracies/fractions logged in [0, 1] (drawn and tabulated in %), else 1."""
+    if not (EVAL_RE.match(metric) or metric in PERCENT):
+        return 1.0
+    v = tidy.loc[tidy["metric"] == metric, "value"].to_numpy(dtype=float)
+    v = v[np.isfinite(v)]
+    return 100.0 if v.size and v.min() >= 0 and v.max() <= 1 else 1.0
+
+
+def metric_label(metric: str, scale: float = 1.0) -> str:
+    """The y-axis label of ``metric`` drawn at ``scale`` (100: in %)."""
+    if EVAL_RE.match(metric):
+        return f"{metric_short(metric)}" + (" (%)" if scale == 100 else "")
+    lab = LABELS.get(metric, metric)
+    return lab if scale == 100 or "(%)" not in lab else lab.replace(" (%)", " (fraction)")
