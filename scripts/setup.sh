@@ -28,8 +28,13 @@ PIP="$VENV/bin/python -m pip --disable-pip-version-check"
 STEP=0
 pip_install() {  # pip install "$@", or its dry run with a JSON report per step
   STEP=$((STEP + 1))
-  if [ -n "$DRY" ]; then mkdir -p "$DRY"; $PIP install --dry-run --ignore-installed --quiet --report "$DRY/step$STEP.json" "$@"
-  else $PIP install "$@"; fi
+  if [ -z "$DRY" ]; then $PIP install "$@"; return; fi
+  mkdir -p "$DRY"
+  if ! $PIP install --dry-run --ignore-installed --report "$DRY/step$STEP.json" "$@" > "$DRY/step$STEP.log" 2>&1; then
+    grep -vE '^(Collecting|  Using cached|  Downloading|Requirement already|  Preparing|  Getting|  Installing build|  Obtaining|  Checking if)' \
+      "$DRY/step$STEP.log" | tail -40
+    return 1
+  fi
 }
 if [ "$KIND" = cpu ]; then
   CONS=constraints.txt
