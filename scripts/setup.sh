@@ -31,7 +31,7 @@ pip_install() {  # pip install "$@", or its dry run with a JSON report per step
   if [ -z "$DRY" ]; then $PIP install "$@"; return; fi
   mkdir -p "$DRY"
   if ! $PIP install --dry-run --ignore-installed --report "$DRY/step$STEP.json" "$@" > "$DRY/step$STEP.log" 2>&1; then
-    grep -vE '^(Collecting|  Using cached|  Downloading|Requirement already|  Preparing|  Getting|  Installing build|  Obtaining|  Checking if)' \
+    grep -vE '^(Collecting|  Using cached|  Downloading|Requirement already|  Preparing|  Getting|  Installing build|  Obtaining|  Checking if)|eta [0-9:]+$' \
       "$DRY/step$STEP.log" | tail -40
     return 1
   fi
