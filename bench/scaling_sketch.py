@@ -1,59 +1,64 @@
-"""Scaling sketch, ON PAPER: step time and GPU-hours of the paper's 32B DAPO run on N GPUs.
+"""Scaling sketch, ON PAPER: the paper's 32B DAPO run (experiments/paper-dapo-32b.yaml) on N GPUs.
 
-This is arithmetic, not a measurement. Every input is an assumption printed with the table;
-change them with flags. Model (per rollout step):
+This is arithmetic, not a measurement, and the same arithmetic as `dapo plan` (dapo/plan.py):
+the per-GPU memory peak and the time per rollout step come from :func:`dapo.plan.memory_plan`
+and :func:`dapo.plan.step_time`, with every assumption printed. Per GPU kind, only the memory
+and the decode throughput differ (same dense bf16 peak):
 
-    generated tokens  T_gen = B · G · L_resp · r           (r = dynamic-sampling generation rounds factor)
-    trained tokens    T_tr  = B · G · (L_prompt + L_resp)
-    rollout time      = T_gen / (N · decode_tps_per_gpu)
-    update time       = (6 + 2) · P · T_tr / (N · peak_flops · mfu)   (fwd+bwd 6·P, old-logprob fwd 2·P)
-    step time         = rollout + update + sync_s
-
-    python -m bench.scaling_sketch [--resp-len 4000 --rounds 1.5 ...]
+    python -m bench.scaling_sketch [--resp-len 4000 --rounds 1.0 --mfu 0.35 ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from pathlib import Path
 
-GPUS = {  # dense bf16 peak (TFLOP/s) and an assumed vLLM decode throughput per GPU for a 32B model
-    "H100": (989.0, 2500.0),
-    "H200": (989.0, 3500.0),   # same compute, more/faster HBM → larger decode batches
+from dapo import plan
+from dapo.config import load_config
+
+EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "paper-dapo-32b.yaml"
+GPUS = {  # memory torch reports (GiB), dense bf16 peak (TFLOP/s), assumed vLLM decode tok/s per GPU for 32B
+    "H100": (79.6, 989.0, 2500.0),
+    "H200": (139.8, 989.0, 3500.0),   # same compute, more/faster HBM → larger decode batches
 }
 
 
 def main(argv: list[str] | None = None) -> int:
+    d = plan.Assumptions()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--params", type=float, default=32e9, help="policy parameters P")
-    p.add_argument("--prompts", type=int, default=512, help="B, prompts per rollout step")
-    p.add_argument("--group", type=int, default=16, help="G, responses per prompt")
-    p.add_argument("--prompt-len", type=float, default=200, help="mean prompt tokens (assumed)")
-    p.add_argument("--resp-len", type=float, default=4000, help="mean response tokens (assumed; the paper's Fig. 7 grows toward ~5k)")
-    p.add_argument("--rounds", type=float, default=1.5, help="dynamic-sampling generation factor (assumed; our mini run measured 1.0-2.0 rounds)")
-    p.add_argument("--mfu", type=float, default=0.35, help="model FLOP utilization of the update (assumed)")
-    p.add_argument("--sync-s", type=float, default=10.0, help="weight sync per step, seconds (assumed)")
-    p.add_argument("--rollout-steps", type=int, default=300, help="rollout steps of the run")
+    p.add_argument("--resp-len", type=float, default=4000.0, help="mean response tokens (assumed; the paper's Fig. 7 grows toward ~5k)")
+    p.add_argument("--rounds", type=float, default=d.rounds, help="dynamic-sampling generation rounds per step (assumed)")
+    p.add_argument("--mfu", type=float, default=d.mfu, help="model FLOP utilization of the update (assumed)")
+    p.add_argument("--seq-decode-tps", type=float, default=d.seq_decode_tps,
+                   help="one sequence's decode speed in a full batch: the tail of a round (assumed)")
     a = p.parse_args(argv)
-    t_gen = a.prompts * a.group * a.resp_len * a.rounds
-    t_tr = a.prompts * a.group * (a.prompt_len + a.resp_len)
-    flops = 8 * a.params * t_tr
-    print("# Scaling sketch (arithmetic from stated assumptions, NOT a measurement)\n")
-    print(f"assumptions: P={a.params:.3g}, B={a.prompts}, G={a.group}, prompt {a.prompt_len:.0f} tok, "
-          f"response {a.resp_len:.0f} tok, DS factor {a.rounds}, MFU {a.mfu}, sync {a.sync_s}s, "
-          f"{a.rollout_steps} rollout steps; per GPU: " +
-          ", ".join(f"{g} {pk:.0f} TFLOP/s bf16, {tps:.0f} decode tok/s" for g, (pk, tps) in GPUS.items()))
-    print(f"per rollout step: {t_gen / 1e6:.1f}M generated tokens, {t_tr / 1e6:.1f}M trained tokens, "
-          f"{flops:.3g} update FLOP\n")
-    print("| GPU | N | rollout s | update s | step s | run hours | GPU-hours |")
-    print("|---|---|---|---|---|---|---|")
-    for g, (peak, tps) in GPUS.items():
+    print("# Scaling sketch (arithmetic from stated assumptions, NOT a measurement; the model of `dapo plan`)\n")
+    rows = []
+    for g, (mem, peak, tps) in GPUS.items():
+        assume = dataclasses.replace(d, peak_tflops=peak, decode_tps_32b=tps, mfu=a.mfu, rounds=a.rounds,
+                                     mean_response_tokens=a.resp_len, seq_decode_tps=a.seq_decode_tps)
         for n in (64, 128, 256, 512):
-            roll = t_gen / (n * tps)
-            upd = flops / (n * peak * 1e12 * a.mfu)
-            step = roll + upd + a.sync_s
-            hours = step * a.rollout_steps / 3600
-            print(f"| {g} | {n} | {roll:.0f} | {upd:.0f} | {step:.0f} | {hours:.1f} | {hours * n:.0f} |")
+            cfg = load_config(EXPERIMENT, [f"launch.num_nodes={n // 8}"])
+            shape = plan.model_shape(cfg.model.path)
+            mp = plan.memory_plan(cfg, shape, mem, assume)
+            t = plan.step_time(cfg, shape, assume)
+            hours = t["step_s"] * cfg.train.rollout_steps / 3600
+            rows.append(f"| {g} | {n} | {mp.peak.total / plan.GiB:.1f} of {mem:g} | {t['generation_s']:.0f} | "
+                        f"{t['update_s']:.0f} | {t['step_s']:.0f} | {hours:.1f} | {hours * n:.0f} |")
+    print(f"run: {EXPERIMENT.name} (B={cfg.train.batch_prompts}, G={cfg.rollout.n}, {cfg.gen_batch_prompts} prompts "
+          f"per generation round, {cfg.train.rollout_steps} rollout steps, 8 GPUs per node); model {shape.name}, "
+          f"{shape.params / 1e9:.2f} B parameters")
+    print("assumptions: " + ", ".join(f"{f.name}={getattr(assume, f.name)}" for f in dataclasses.fields(assume)
+                                      if f.name not in ("peak_tflops", "decode_tps_32b")) +
+          "; per GPU: " + ", ".join(f"{g} {m:g} GiB, {pk:.0f} TFLOP/s bf16, {tp:.0f} decode tok/s (32B)"
+                                    for g, (m, pk, tp) in GPUS.items()))
+    print(f"per rollout step: {t['generated_tokens'] / 1e6:.1f}M generated tokens, {t['trained_tokens'] / 1e6:.1f}M "
+          f"trained tokens, {t['update_flop']:.3g} update FLOP\n")
+    print("| GPU | N | peak GiB per GPU | rollout s | update s | step s | run hours | GPU-hours |")
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
     return 0
 
 
