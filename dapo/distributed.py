@@ -35,7 +35,7 @@ import torch
 __all__ = ["DistInfo", "init_distributed", "destroy_distributed", "launcher_world_size",
            "all_gather_object", "broadcast_object", "barrier", "all_reduce_sum",
            "is_sharded", "shard_causal_lm", "load_sharded_causal_lm", "clip_grad_norm",
-           "full_tensor", "split_for_rank", "gather_in_order"]
+           "full_tensor", "split_for_rank"]
 
 
 @dataclass(frozen=True)
@@ -126,20 +126,6 @@ def all_reduce_sum(values: dict[str, float], world: int) -> dict[str, float]:
 def split_for_rank(n: int, rank: int, world: int) -> list[int]:
     """The global indices rank ``rank`` handles out of ``n``: ``rank, rank+world, ...``."""
     return list(range(rank, n, world))
-
-
-def gather_in_order(local: list[Any], n: int, world: int) -> list[Any]:
-    """Inverse of :func:`split_for_rank`: every rank's ``local`` list, all-gathered and put
-    back in global order (item i came from rank ``i % world``)."""
-    parts = all_gather_object(local, world)
-    out: list[Any] = [None] * n
-    for r, part in enumerate(parts):
-        idx = split_for_rank(n, r, world)
-        if len(part) != len(idx):
-            raise RuntimeError(f"gather_in_order: rank {r} returned {len(part)} items for {len(idx)} inputs")
-        for i, item in zip(idx, part):
-            out[i] = item
-    return out
 
 
 # --------------------------------------------------------------------------- sharding

@@ -256,3 +256,43 @@ def test_named_parameters_push_is_refused_and_why(vllm_engine, tiny_path, prompt
         assert ids_of(vllm_engine.generate(prompts, greedy)) != trained
     vllm_engine.update_weights(trainer.state_dict().items())
     assert ids_of(vllm_engine.generate(prompts, greedy)) == trained
+
+
+def test_explicit_seeds_make_a_prompts_samples_independent_of_the_call(vllm_engine, tiny_path, prompts):
+    """What lets ranks split a round: prompt i sampled with the round's seed s_i gives the same
+    completions whether it is generated with all prompts or with a slice of them."""
+    vllm_engine.update_weights(load_model(tiny_path).state_dict().items())
+    spec = SamplingSpec(n=3, temperature=1.0, top_p=1.0, max_tokens=16, seed=77)
+    whole = ids_of(vllm_engine.generate(prompts, spec))
+    seeds = per_prompt_seeds(spec.seed, len(prompts), salt=vllm_engine.seed)
+    odd = ids_of(vllm_engine.generate(prompts[1::2], spec, seeds=seeds[1::2]))
+    even = ids_of(vllm_engine.generate(prompts[0::2], spec, seeds=seeds[0::2]))
+    assert odd == whole[1::2] and even == whole[0::2]
+    assert ids_of(vllm_engine.generate(prompts[0::2], spec, seeds=[s + 1 for s in seeds[0::2]])) != even
+    with pytest.raises(ValueError, match="seeds"):
+        make_engine("hf", tiny_path, trainer_model=load_model(tiny_path)).generate(prompts, spec, seeds=seeds)
+
+
+def test_weight_stream_names_are_checked_before_any_tensor_is_produced(vllm_engine, tiny_path, prompts):
+    from dapo.engines.base import WeightStream
+    greedy = SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_tokens=24, seed=None)
+    trainer = load_model(tiny_path)
+    vllm_engine.update_weights(trainer.state_dict().items())
+    before = ids_of(vllm_engine.generate(prompts, greedy))
+    perturb_(trainer, seed=3)
+    sd = trainer.state_dict()
+    produced: list[str] = []
+
+    def tensors():
+        for k, v in sd.items():
+            produced.append(k)
+            yield k, v
+
+    params_only = tuple(k for k, _ in trainer.named_parameters())
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        vllm_engine.update_weights(WeightStream(names=params_only, open=tensors))
+    assert produced == [] and ids_of(vllm_engine.generate(prompts, greedy)) == before
+    vllm_engine.update_weights(WeightStream(names=tuple(sd), open=tensors))
+    assert produced == list(sd)                           # consumed once, in order
+    hf = make_engine("hf", tiny_path, trainer_model=trainer)
+    assert ids_of(vllm_engine.generate(prompts, greedy)) == ids_of(hf.generate(prompts, greedy)) != before

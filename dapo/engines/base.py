@@ -18,13 +18,20 @@ Output contract, shared by both engines:
 - ``update_weights`` takes the trainer model's FULL ``state_dict().items()``, not
   ``named_parameters()``: with tied embeddings ``lm_head.weight`` is not a parameter,
   and an engine that owns its own copy would silently keep a stale output layer.
+  It also takes a :class:`WeightStream` (names known up front, tensors produced one at
+  a time, e.g. gathered from shards): the engine checks the names, then consumes the
+  stream once, so at most one full tensor exists beside the engine's own weights.
+- ``generate(prompts, spec, seeds=None)``: ``seeds`` (one per prompt) override the
+  seeds an engine derives from ``spec.seed``; see :func:`per_prompt_seeds`.
+- ``sleep()`` / ``wake_up(tags)``: free / re-allocate the engine's accelerator memory
+  between phases (vLLM sleep mode on CUDA); no-ops where unsupported.
 """
 
 from __future__ import annotations
 
 import importlib
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,6 +41,7 @@ __all__ = [
     "SamplingSpec",
     "Completion",
     "RolloutEngine",
+    "WeightStream",
     "ENGINES",
     "make_engine",
     "per_prompt_seeds",
@@ -77,6 +85,22 @@ class Completion:
     token_ids: list[int]  # generated tokens; ends with EOS iff finished
     text: str  # token_ids decoded, special tokens (EOS) skipped
     finished: bool  # True = stopped on EOS; False = cut at max_tokens
+
+
+@dataclass(frozen=True)
+class WeightStream:
+    """Named tensors produced lazily, with every name known before the first tensor.
+
+    ``names``: the full state-dict names the stream will yield, in order. ``open()``
+    returns a fresh iterator of ``(name, tensor)``; producing each tensor may be a
+    collective (every rank consumes its own stream in the same order).
+    """
+
+    names: tuple[str, ...]
+    open: Callable[[], Iterator[tuple[str, torch.Tensor]]]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.open()
 
 
 @runtime_checkable

