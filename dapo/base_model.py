@@ -36,12 +36,10 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import platform
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,8 +47,8 @@ from typing import Any
 
 from dapo.minitask import N_EVAL
 
-__all__ = ["MINI_BASE_NAME", "RECIPE_VERSION", "Recipe", "build_base_model", "default_out_dir",
-           "evaluate", "main", "mini_base_path", "recipe_hash", "summary"]
+__all__ = ["RECIPE_VERSION", "Recipe", "build_base_model", "default_out_dir", "evaluate", "main", "recipe_hash",
+           "summary"]
 
 RECIPE_VERSION = 1
 """Bumped whenever the code changes what a recipe produces (invalidates reuse)."""
@@ -200,12 +198,6 @@ def _train(model, tokenizer, recipe: Recipe, *, progress: bool = True) -> dict[s
 # --------------------------------------------------------------------------- eval
 
 
-@dataclasses.dataclass
-class _Sample:
-    problem: int  # index into the eval problems
-    tokens: list[int]  # generated ids, EOS included when generated, no padding
-
-
 def _generate(model, tokenizer, prompts: Sequence[str], *, n: int, max_new_tokens: int,
               temperature: float, seed: int, batch_prompts: int = 50) -> list[list[list[int]]]:
     """``n`` samples per prompt with transformers' ``generate`` (left padding, top-k/top-p off).
@@ -352,6 +344,47 @@ def _read_record(out_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def _train_into(tmp: Path, tok, recipe: Recipe, h: str, start: tuple, *, progress: bool) -> dict[str, Any]:
+    """Init, train and evaluate the base model; save it, its tokenizer and its record into ``tmp``.
+
+    ``start``: (perf_counter, process_time, 1-min load average) when the build began.
+    Returns the record (the content of base_model.json).
+    """
+    import torch
+
+    from dapo.models import TINY_PRESETS, build_tiny_qwen2, load_model, save_pretrained
+
+    t_start, cpu_start, load_start = start
+    build_tiny_qwen2(tmp / "init", seed=recipe.seed, tokenizer=tok, **TINY_PRESETS[recipe.preset])
+    model = load_model(tmp / "init", dtype="float32")
+    shutil.rmtree(tmp / "init")
+    n_params = sum(p.numel() for p in model.parameters())
+    torch.manual_seed(recipe.seed)
+    t0 = time.perf_counter()
+    train = _train(model, tok, recipe, progress=progress)
+    train_s = time.perf_counter() - t0
+    ev = evaluate(model, tok, recipe)
+    save_pretrained(model, tok, tmp)
+    record: dict[str, Any] = {
+        "recipe": recipe.to_dict(),
+        "recipe_hash": h,
+        "seed": recipe.seed,
+        "parameters": n_params,
+        "versions": _versions(),
+        "threads": torch.get_num_threads(),
+        "train": {**train, "seconds": round(train_s, 1),
+                  "seconds_per_step": round(train_s / recipe.steps, 3)},
+        "eval": ev,
+        "wall_time_s": round(time.perf_counter() - t_start, 1),
+        "cpu_time_s": round(time.process_time() - cpu_start, 1),
+        "load_avg_1min": {"start": load_start,
+                          "end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (tmp / RECORD_NAME).write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
 def build_base_model(
     out_dir: str | os.PathLike | None = None,
     *,
@@ -389,75 +422,20 @@ def build_base_model(
 
     import torch
 
-    from dapo.models import TINY_PRESETS, build_char_tokenizer, build_tiny_qwen2, load_model
+    from dapo.models import build_char_tokenizer, publish_dir
 
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(threads or os.cpu_count() or 1)
-    t_start, cpu_start = time.perf_counter(), time.process_time()
-    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    start = (time.perf_counter(), time.process_time(), os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
     tok = build_char_tokenizer()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    record: dict[str, Any] = {}
     try:
-        build_tiny_qwen2(tmp / "init", seed=recipe.seed, tokenizer=tok, **TINY_PRESETS[recipe.preset])
-        model = load_model(tmp / "init", dtype="float32")
-        shutil.rmtree(tmp / "init")
-        n_params = sum(p.numel() for p in model.parameters())
-        torch.manual_seed(recipe.seed)
-        t0 = time.perf_counter()
-        train = _train(model, tok, recipe, progress=progress)
-        train_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        ev = evaluate(model, tok, recipe)
-        eval_s = time.perf_counter() - t0
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        record: dict[str, Any] = {
-            "recipe": recipe.to_dict(),
-            "recipe_hash": h,
-            "seed": recipe.seed,
-            "parameters": n_params,
-            "versions": _versions(),
-            "threads": torch.get_num_threads(),
-            "train": {**train, "seconds": round(train_s, 1),
-                      "seconds_per_step": round(train_s / recipe.steps, 3)},
-            "eval": ev,
-            "wall_time_s": round(time.perf_counter() - t_start, 1),
-            "cpu_time_s": round(time.process_time() - cpu_start, 1),
-            "load_avg_1min": {"start": load_start,
-                              "end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        (tmp / RECORD_NAME).write_text(json.dumps(record, indent=1) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        publish_dir(out, lambda tmp: record.update(_train_into(tmp, tok, recipe, h, start, progress=progress)))
     finally:
         torch.set_num_threads(prev_threads)
     record["reused"] = False
     record["model_path"] = str(out)
     return record
-
-
-MINI_BASE_NAME = "mini-base"
-"""What experiment configs call the default recipe's model (``model.path: mini-base``)."""
-
-
-def mini_base_path(*, build: bool = True, progress: bool = True, threads: int | None = None) -> Path:
-    """Directory of the default :class:`Recipe`'s model, built first if ``build`` and missing.
-
-    Raises FileNotFoundError when it is missing and ``build`` is False.
-    """
-    out = default_out_dir(Recipe())
-    rec = _read_record(out)
-    if rec is not None and rec.get("recipe_hash") == recipe_hash(Recipe()):
-        return out
-    if not build:
-        raise FileNotFoundError(f"{MINI_BASE_NAME}: {out} is not built yet; run `dapo base`")
-    return Path(build_base_model(out, progress=progress, threads=threads)["model_path"])
 
 
 # --------------------------------------------------------------------------- CLI

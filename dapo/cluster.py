@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dapo.config import (REPO_ROOT, ConfigError, check_int, check_mapping, check_name, check_number,
-                         safe_yaml_file)
+                         yaml_mapping_file)
 
 if TYPE_CHECKING:
     from dapo.sweep_spec import Spec
@@ -108,10 +108,7 @@ def load_profile(name: str | os.PathLike) -> ClusterProfile:
     if path is None:
         raw, where = _local_default(), "<embedded local profile>"
     else:
-        where = str(path)
-        raw = safe_yaml_file(path)
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
+        raw, where = yaml_mapping_file(path), str(path)
     unknown = set(raw) - _PROFILE_KEYS
     if unknown:
         raise ConfigError(f"{where}: unknown key {sorted(unknown, key=str)[0]!r}; allowed: {', '.join(sorted(_PROFILE_KEYS))}")

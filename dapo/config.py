@@ -42,7 +42,7 @@ class ConfigError(ValueError):
 
 
 def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING):
-    """A dataclass field with a one-line doc (shown by ``dapo config --help-keys``)."""
+    """A dataclass field with a one-line doc (shown by ``dapo config --keys``)."""
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata={"doc": text})
     return field(default=default, metadata={"doc": text})
@@ -534,6 +534,14 @@ def safe_yaml_file(path: Path) -> Any:
         raise ConfigError(f"{path}: YAML nested too deeply") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
+def yaml_mapping_file(path: Path) -> dict:
+    """:func:`safe_yaml_file` of a file whose top level must be a mapping (a sweep spec, a cluster profile)."""
+    raw = safe_yaml_file(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return raw
 
 
 def read_yaml(path: str | Path, _seen: tuple = ()) -> dict:

@@ -40,14 +40,12 @@ from dapo.cluster import ClusterProfile, check_resources
 from dapo.sweep_spec import Job, Spec, expand
 
 __all__ = ["RunJob", "accelerate_command", "sbatch_parameters", "setup_lines", "submit", "status",
-           "cancel", "load_records", "SLURM_ACTIVE", "SLURM_FAILED"]
+           "cancel", "load_records", "SLURM_ACTIVE"]
 
 # sacct (without --duplicates) shows a job's newest record: a requeued job reads REQUEUED, then
 # PENDING / RUNNING again; PREEMPTED as the newest record means it was not requeued.
 SLURM_ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
                 "SUSPENDED", "RESIZING", "STAGE_OUT", "SIGNALING"}
-SLURM_FAILED = {"FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
-                "REVOKED", "SPECIAL_EXIT", "PREEMPTED"}
 LOG_TAIL = 20
 UNKNOWN_AFTER_S = 600   # a job sacct still does not know this long after submission is gone
 

@@ -22,6 +22,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,10 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "smollm2_hf_dir",
+    "publish_dir",
+    "save_pretrained",
     "resolve_model",
+    "resolve_policy_path",
 ]
 
 PAD_TOKEN = "<pad>"
@@ -201,47 +205,44 @@ def build_tiny_qwen2(
     model.generation_config = GenerationConfig(
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None
     )
-    return _atomic_save(Path(out_dir), model, tok)
+    return publish_dir(out_dir, lambda tmp: save_pretrained(model, tok, tmp))
 
 
-def _atomic_save(out_dir: Path, model, tokenizer) -> Path:
-    """save_pretrained model + tokenizer into a temp sibling, then rename onto out_dir."""
-    out_dir = out_dir.expanduser()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it 0700; the published directory is shared
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
+def publish_dir(out_dir: str | os.PathLike, build: Callable[[Path], Any], *, replace: bool = True) -> Path:
+    """Build a directory into a temporary sibling, then rename it onto ``out_dir``: readers never
+    see a half-written one, and a build that fails leaves nothing behind.
 
-
-def _publish_once(out_dir: Path, build) -> Path:
-    """Build into a temp sibling and rename onto ``out_dir`` unless it already exists.
-
-    If another process won the race, its directory is kept and ours is dropped.
+    ``build(tmp)`` writes the files. ``replace=True``: an existing ``out_dir`` is replaced.
+    ``replace=False``: an existing model directory is returned without building, and when
+    another process publishes first its directory is kept and ours dropped.
     """
-    if _is_model_dir(out_dir):
+    out_dir = Path(out_dir).expanduser()
+    if not replace and _is_model_dir(out_dir):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     tmp.chmod(0o755)  # mkdtemp makes it 0700; the published directory is shared
     try:
         build(tmp)
-        try:
-            os.rename(tmp, out_dir)  # fails if out_dir exists and is non-empty
-        except OSError:
-            if not _is_model_dir(out_dir):
-                raise
+        if replace:
+            if out_dir.exists():
+                shutil.rmtree(out_dir)
+            os.replace(tmp, out_dir)
+        else:
+            try:
+                os.rename(tmp, out_dir)  # fails if out_dir exists and is non-empty
+            except OSError:
+                if not _is_model_dir(out_dir):
+                    raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already once renamed
     return out_dir
+
+
+def save_pretrained(model, tokenizer, out_dir: Path) -> None:
+    """The model (safetensors) and its tokenizer into ``out_dir``, as HF directories hold them."""
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
 
 
 def _is_model_dir(p: Path) -> bool:
@@ -334,10 +335,9 @@ def smollm2_hf_dir(cache_dir: str | os.PathLike | None = None) -> Path:
         gc.eos_token_id = tok.eos_token_id if gc.eos_token_id is None else gc.eos_token_id
         if gc.pad_token_id is None:
             gc.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
+        save_pretrained(model, tok, tmp)
 
-    return _publish_once(out, build)
+    return publish_dir(out, build, replace=False)
 
 
 # --------------------------------------------------------------------------- resolve
@@ -362,9 +362,7 @@ def resolve_model(
     if s == SMOLLM2_NAME:
         return smollm2_hf_dir(cache)
     if s in TINY_PRESETS:
-        return _publish_once(
-            cache / s, lambda tmp: build_tiny_qwen2(tmp, seed=0, **TINY_PRESETS[s])
-        )
+        return publish_dir(cache / s, lambda tmp: build_tiny_qwen2(tmp, seed=0, **TINY_PRESETS[s]), replace=False)
     p = Path(s).expanduser()
     if p.is_dir():
         return p
@@ -375,3 +373,13 @@ def resolve_model(
         f"{sorted([SMOLLM2_NAME, *TINY_PRESETS])}"
         + ("" if allow_hub else " (hub ids need allow_hub=True and internet access)")
     )
+
+
+def resolve_policy_path(name: str) -> Path | str:
+    """``mini-base`` / ``mini-base:STEPS`` → the tiny supervised base model (built once,
+    cached by recipe hash); anything else → :func:`resolve_model` (hub ids allowed)."""
+    if name == "mini-base" or name.startswith("mini-base:"):
+        from dapo.base_model import build_base_model
+        kw = {"steps": int(name.split(":", 1)[1])} if ":" in name else {}
+        return Path(build_base_model(**kw)["model_path"])
+    return resolve_model(name, allow_hub=True)

@@ -54,7 +54,7 @@ from typing import Any
 
 from dapo.config import (NAME_RE, REPO_ROOT, Config, ConfigError, apply_overrides, build_config, check_int,
                          check_mapping, check_name, check_number, check_text, config_hash, field_docs, flatten,
-                         read_yaml, safe_yaml_file, to_dict)
+                         read_yaml, to_dict, yaml_mapping_file)
 
 __all__ = ["KINDS", "NAME_RE", "Technique", "Resources", "Spec", "Arm", "Job",
            "load_spec", "arms", "expand", "sweep_info", "check_name", "REPO_ROOT"]
@@ -66,12 +66,16 @@ RESERVED_KEYS = ("train.seed", "logging.sweep", "logging.arm", "logging.experime
 
 # =========================================================================== the spec
 @dataclass(frozen=True)
-class Technique:
-    """One toggle (or the baseline / the full recipe): its dotted overrides and paper value."""
+class Arm:
+    """Named dotted overrides with a label and a paper value: an arm (applied on top of base +
+    base_overrides), or what builds arms: a technique, the baseline, the full recipe."""
     name: str
     label: str
     overrides: dict[str, Any]
     paper: float | None = None
+
+
+Technique = Arm   # a spec's techniques / baseline / full: the same record, before arms are built
 
 
 @dataclass(frozen=True)
@@ -105,15 +109,6 @@ class Spec:
     max_requeues: int
     description: str = ""
     extra_overrides: dict[str, Any] = field(default_factory=dict)   # from --set (already in base_overrides)
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One arm: the dotted overrides it applies on top of base + base_overrides."""
-    name: str
-    label: str
-    overrides: dict[str, Any]
-    paper: float | None = None
 
 
 @dataclass(frozen=True)
@@ -198,9 +193,7 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
     where = str(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such sweep spec")
-    raw = safe_yaml_file(path)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping")
+    raw = yaml_mapping_file(path)
     unknown = set(raw) - _TOP_KEYS
     if unknown:
         raise ConfigError(f"{where}: unknown key {sorted(unknown, key=str)[0]!r}; allowed: {', '.join(sorted(_TOP_KEYS))}")
