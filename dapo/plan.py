@@ -229,6 +229,8 @@ def micro_batch_tokens(cfg: Config) -> tuple[int, Optional[str]]:
 def memory_plan(cfg: Config, shape: ModelShape, gpu_gib: float, a: Assumptions = Assumptions()) -> Plan:
     """Per-GPU memory of each phase of a rollout step (bytes). Pure."""
     L, r, t = cfg.launch, cfg.rollout, cfg.train
+    if r.engine != "vllm":
+        raise ConfigError(f"rollout.engine = {r.engine!r}: dapo plan models colocated vLLM rollouts only")
     gpus = L.num_nodes * L.num_processes
     shard = gpus if L.fsdp else 1
     P = shape.params
@@ -261,9 +263,8 @@ def memory_plan(cfg: Config, shape: ModelShape, gpu_gib: float, a: Assumptions =
     update.append(Term(f"logits chunk: fp32 softmax + gradient ({chunk} tokens)", chunk * shape.vocab * 4 * 2,
                        "train.logits_chunk_tokens"))
     reservation = r.gpu_memory_utilization * total
-    if r.engine == "vllm":
-        update.append(Term("vLLM asleep" if r.sleep_mode else "vLLM reservation held (no sleep mode)",
-                           a.vllm_sleep_gib * GiB if r.sleep_mode else reservation, "rollout.sleep_mode"))
+    update.append(Term("vLLM asleep" if r.sleep_mode else "vLLM reservation held (no sleep mode)",
+                       a.vllm_sleep_gib * GiB if r.sleep_mode else reservation, "rollout.sleep_mode"))
     update.append(over)
     resident = [params, optim]
     tp = r.tensor_parallel_size

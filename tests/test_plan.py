@@ -61,6 +61,8 @@ def test_unknown_model_and_cpu_profile_are_one_line_errors(tmp_path):
     (bad / "config.json").write_text(json.dumps({"hidden_size": 8}))
     with pytest.raises(ConfigError, match="config.json: not a usable transformer config.json"):
         plan.model_shape(str(bad))
+    with pytest.raises(ConfigError, match="rollout.engine = 'hf': dapo plan models colocated vLLM rollouts only"):
+        plan.memory_plan(load_config(EXP32, ["rollout.engine=hf"]), plan.model_shape("tiny-3m"), 80)
     p = _run(str(EXP32), "--cluster", "local")
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "has no GPUs" in p.stderr, p.stderr
 
