@@ -18,7 +18,7 @@ for arg in "$@"; do
   case "$arg" in
     --no-setup) SETUP=0 ;;
     --cpu) CPU=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "gpu-smoke: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
