@@ -413,6 +413,40 @@ def _resolve(
     return None, read_file(path), str(path), None
 
 
+def _check_load_args(on_bad: str, template: str | None, scorer: str | None, limit: int | None,
+                     max_prompt_chars: int | None) -> str | None:
+    """Raise ValueError for a bad argument of :func:`load_dataset`; return the template (``"default"`` → None)."""
+    if on_bad not in ("drop", "fail"):
+        raise ValueError(f"on_bad={on_bad!r}; allowed: 'drop', 'fail'")
+    if template == "default":
+        template = None
+    if template is not None and template not in TEMPLATES:
+        raise ValueError(f"template={template!r}; allowed: {TEMPLATES}")
+    if scorer is not None and scorer not in SCORERS:
+        raise ValueError(f"scorer={scorer!r}; allowed: {SCORERS}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit={limit!r} must be >= 0")
+    if max_prompt_chars is not None and max_prompt_chars <= 0:
+        raise ValueError(f"max_prompt_chars={max_prompt_chars!r} must be > 0")
+    return template
+
+
+def _checked_row(raw_prompt: Any, raw_answer: Any, reason: str | None, template: str,
+                 max_prompt_chars: int | None) -> tuple[Any, str | None, str | None]:
+    """(templated prompt, answer, None) for a good row, or (…, …, the first reason it is bad)."""
+    if reason is None:
+        reason = _prompt_problem(raw_prompt)
+    answer = None
+    if reason is None:
+        answer, reason = _answer_or_problem(raw_answer)
+    prompt: Any = None
+    if reason is None:
+        prompt = apply_template(raw_prompt, template)
+        if max_prompt_chars is not None and prompt_chars(prompt) > max_prompt_chars:
+            reason = "prompt too long"
+    return prompt, answer, reason
+
+
 def load_dataset(
     name_or_path: str,
     *,
@@ -444,19 +478,7 @@ def load_dataset(
 
     Returns (examples, report). Bad rows are never kept silently.
     """
-    if on_bad not in ("drop", "fail"):
-        raise ValueError(f"on_bad={on_bad!r}; allowed: 'drop', 'fail'")
-    if template == "default":
-        template = None
-    if template is not None and template not in TEMPLATES:
-        raise ValueError(f"template={template!r}; allowed: {TEMPLATES}")
-    if scorer is not None and scorer not in SCORERS:
-        raise ValueError(f"scorer={scorer!r}; allowed: {SCORERS}")
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit={limit!r} must be >= 0")
-    if max_prompt_chars is not None and max_prompt_chars <= 0:
-        raise ValueError(f"max_prompt_chars={max_prompt_chars!r} must be > 0")
-
+    template = _check_load_args(on_bad, template, scorer, limit, max_prompt_chars)
     entry, items, where, _ = _resolve(name_or_path, split)
 
     tmpl = template or (entry.template if entry else "none")
@@ -484,16 +506,7 @@ def load_dataset(
         else:
             raw_prompt, raw_answer, meta, reason = item.prompt, item.answer, item.meta, item.bad
             index, ex_scorer, ex_source = i, scr, source
-        if reason is None:
-            reason = _prompt_problem(raw_prompt)
-        answer = None
-        if reason is None:
-            answer, reason = _answer_or_problem(raw_answer)
-        prompt: Any = None
-        if reason is None:
-            prompt = apply_template(raw_prompt, tmpl)
-            if max_prompt_chars is not None and prompt_chars(prompt) > max_prompt_chars:
-                reason = "prompt too long"
+        prompt, answer, reason = _checked_row(raw_prompt, raw_answer, reason, tmpl, max_prompt_chars)
         if reason is not None:
             bad(i, reason)
             continue

@@ -183,6 +183,79 @@ def _resolve_base(base: Any, spec_path: Path) -> Path:
                       f"(looked relative to the repo root {REPO_ROOT} and to the spec's folder)")
 
 
+def _arm_sources(raw: dict, kind: str, where: str) -> tuple[tuple[Technique, ...], Technique | None,
+                                                              Technique | None, tuple]:
+    """(techniques, baseline, full, grid) of a spec: what its arms are built from, checked."""
+    if kind == "grid":
+        for k in ("techniques", "baseline", "full"):
+            if k in raw:
+                raise ConfigError(f"{where}: {k}: not used by kind grid (use grid: {{key: [values]}})")
+        g = check_mapping(raw.get("grid"), "grid", where)
+        if not g:
+            raise ConfigError(f"{where}: grid is empty: give at least one key with a list of values")
+        for k, vals in g.items():
+            if not isinstance(k, str) or k in _SECTIONS:
+                raise ConfigError(f"{where}: grid.{k}: a grid key must name a single config field")
+            _overrides({k: None}, "grid", where)  # a known, non-reserved key
+            if not isinstance(vals, list) or not vals:
+                raise ConfigError(f"{where}: grid.{k} = {vals!r}: expected a non-empty list of values")
+            if len({repr(v) for v in vals}) != len(vals):
+                raise ConfigError(f"{where}: grid.{k} = {vals!r}: values repeat")
+        return (), None, None, tuple((k, tuple(v)) for k, v in g.items())
+    if "grid" in raw:
+        raise ConfigError(f"{where}: grid: only used by kind grid (this spec is {kind})")
+    ts = raw.get("techniques")
+    if not isinstance(ts, list) or not ts:
+        raise ConfigError(f"{where}: techniques = {ts!r}: expected a non-empty list of "
+                          f"{{name, label, overrides, paper}}")
+    techniques = tuple(_technique(t, f"techniques[{i}]", where) for i, t in enumerate(ts))
+    for i, t in enumerate(techniques):
+        if not t.overrides:
+            raise ConfigError(f"{where}: techniques[{i}] ({t.name}).overrides is empty")
+    names = [t.name for t in techniques]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise ConfigError(f"{where}: techniques: the name {dup!r} is used twice")
+    if "baseline" not in raw:
+        raise ConfigError(f"{where}: baseline is missing (kind {kind} needs {{label, overrides, paper}})")
+    baseline = _technique(raw["baseline"], "baseline", where, need_name=False, default_name="baseline")
+    full = None
+    if kind == "leave_one_out":
+        full = _technique(raw.get("full") or {}, "full", where, need_name=False, default_name="full")
+        if full.overrides:
+            raise ConfigError(f"{where}: full.overrides: the full recipe is base + every technique; "
+                              f"put extra keys in base_overrides")
+        for i, t in enumerate(techniques):
+            missing = [k for k in t.overrides if k not in baseline.overrides]
+            if missing:
+                raise ConfigError(f"{where}: techniques[{i}] ({t.name}).overrides.{missing[0]}: leave_one_out "
+                                  f"reverts it to baseline.overrides, which does not set it")
+    elif "full" in raw:
+        raise ConfigError(f"{where}: full: only used by kind leave_one_out")
+    return techniques, baseline, full, ()
+
+
+def _resources(value: Any, where: str) -> Resources:
+    """The spec's ``resources:`` mapping, checked (defaults: :class:`Resources`)."""
+    res = check_mapping(value, "resources", where)
+    rkeys = {f.name for f in Resources.__dataclass_fields__.values()}
+    if set(res) - rkeys:
+        raise ConfigError(f"{where}: unknown key resources.{sorted(set(res) - rkeys, key=str)[0]}; "
+                          f"allowed: {', '.join(sorted(rkeys))}")
+    d = Resources()
+    resources = Resources(
+        nodes=check_int(res.get("nodes", d.nodes), "resources.nodes", where, lo=1),
+        gpus_per_node=check_int(res.get("gpus_per_node", d.gpus_per_node), "resources.gpus_per_node", where, lo=0),
+        cpus_per_task=check_int(res.get("cpus_per_task", d.cpus_per_task), "resources.cpus_per_task", where, lo=1),
+        mem_gb=check_number(res.get("mem_gb", d.mem_gb), "resources.mem_gb", where),
+        time_min=check_int(res.get("time_min", d.time_min), "resources.time_min", where, lo=1))
+    if resources.mem_gb <= 0:
+        raise ConfigError(f"{where}: resources.mem_gb = {resources.mem_gb}: must be > 0")
+    if resources.gpus_per_node == 0 and resources.nodes != 1:
+        raise ConfigError(f"{where}: resources.nodes = {resources.nodes}: CPU jobs (gpus_per_node 0) run on one node")
+    return resources
+
+
 def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = None) -> Spec:
     """Read and validate a sweep spec; every arm's config is built and checked.
 
@@ -209,56 +282,7 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
     if extra_overrides:
         base_overrides.update(_overrides(extra_overrides, "--set", where))
 
-    techniques: tuple[Technique, ...] = ()
-    baseline = full = None
-    grid: tuple = ()
-    if kind == "grid":
-        for k in ("techniques", "baseline", "full"):
-            if k in raw:
-                raise ConfigError(f"{where}: {k}: not used by kind grid (use grid: {{key: [values]}})")
-        g = check_mapping(raw.get("grid"), "grid", where)
-        if not g:
-            raise ConfigError(f"{where}: grid is empty: give at least one key with a list of values")
-        for k, vals in g.items():
-            if not isinstance(k, str) or k in _SECTIONS:
-                raise ConfigError(f"{where}: grid.{k}: a grid key must name a single config field")
-            _overrides({k: None}, "grid", where)  # a known, non-reserved key
-            if not isinstance(vals, list) or not vals:
-                raise ConfigError(f"{where}: grid.{k} = {vals!r}: expected a non-empty list of values")
-            if len({repr(v) for v in vals}) != len(vals):
-                raise ConfigError(f"{where}: grid.{k} = {vals!r}: values repeat")
-        grid = tuple((k, tuple(v)) for k, v in g.items())
-    else:
-        if "grid" in raw:
-            raise ConfigError(f"{where}: grid: only used by kind grid (this spec is {kind})")
-        ts = raw.get("techniques")
-        if not isinstance(ts, list) or not ts:
-            raise ConfigError(f"{where}: techniques = {ts!r}: expected a non-empty list of "
-                              f"{{name, label, overrides, paper}}")
-        techniques = tuple(_technique(t, f"techniques[{i}]", where) for i, t in enumerate(ts))
-        for i, t in enumerate(techniques):
-            if not t.overrides:
-                raise ConfigError(f"{where}: techniques[{i}] ({t.name}).overrides is empty")
-        names = [t.name for t in techniques]
-        dup = next((n for n in names if names.count(n) > 1), None)
-        if dup:
-            raise ConfigError(f"{where}: techniques: the name {dup!r} is used twice")
-        if "baseline" not in raw:
-            raise ConfigError(f"{where}: baseline is missing (kind {kind} needs {{label, overrides, paper}})")
-        baseline = _technique(raw["baseline"], "baseline", where, need_name=False, default_name="baseline")
-        if kind == "leave_one_out":
-            full = _technique(raw.get("full") or {}, "full", where, need_name=False, default_name="full")
-            if full.overrides:
-                raise ConfigError(f"{where}: full.overrides: the full recipe is base + every technique; "
-                                  f"put extra keys in base_overrides")
-            for i, t in enumerate(techniques):
-                missing = [k for k in t.overrides if k not in baseline.overrides]
-                if missing:
-                    raise ConfigError(f"{where}: techniques[{i}] ({t.name}).overrides.{missing[0]}: leave_one_out "
-                                      f"reverts it to baseline.overrides, which does not set it")
-        elif "full" in raw:
-            raise ConfigError(f"{where}: full: only used by kind leave_one_out")
-
+    techniques, baseline, full, grid = _arm_sources(raw, kind, where)
     paper = {}
     for k, v in check_mapping(raw.get("paper"), "paper", where).items():
         paper[check_name(k, "paper (arm name)", where)] = check_number(v, f"paper.{k}", where, allow_none=True)
@@ -270,22 +294,7 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
         raise ConfigError(f"{where}: seeds = {list(seeds)}: a seed repeats")
     metric = check_text(raw["metric"], "metric", where)
     final_k = check_int(raw.get("final_k", 3), "final_k", where, lo=1)
-    res = check_mapping(raw.get("resources"), "resources", where)
-    rkeys = {f.name for f in Resources.__dataclass_fields__.values()}
-    if set(res) - rkeys:
-        raise ConfigError(f"{where}: unknown key resources.{sorted(set(res) - rkeys, key=str)[0]}; "
-                          f"allowed: {', '.join(sorted(rkeys))}")
-    d = Resources()
-    resources = Resources(
-        nodes=check_int(res.get("nodes", d.nodes), "resources.nodes", where, lo=1),
-        gpus_per_node=check_int(res.get("gpus_per_node", d.gpus_per_node), "resources.gpus_per_node", where, lo=0),
-        cpus_per_task=check_int(res.get("cpus_per_task", d.cpus_per_task), "resources.cpus_per_task", where, lo=1),
-        mem_gb=check_number(res.get("mem_gb", d.mem_gb), "resources.mem_gb", where),
-        time_min=check_int(res.get("time_min", d.time_min), "resources.time_min", where, lo=1))
-    if resources.mem_gb <= 0:
-        raise ConfigError(f"{where}: resources.mem_gb = {resources.mem_gb}: must be > 0")
-    if resources.gpus_per_node == 0 and resources.nodes != 1:
-        raise ConfigError(f"{where}: resources.nodes = {resources.nodes}: CPU jobs (gpus_per_node 0) run on one node")
+    resources = _resources(raw.get("resources"), where)
     spec = Spec(path=path, name=name, base=base, kind=kind, base_overrides=base_overrides,
                 techniques=techniques, baseline=baseline, full=full, grid=grid, paper=paper, seeds=seeds,
                 metric=metric, final_k=final_k, resources=resources,
