@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dapo.config import (REPO_ROOT, ConfigError, check_int, check_mapping, check_name, check_number,
-                         yaml_mapping_file)
+from dapo.config import ConfigError
+from dapo.yaml_checks import REPO_ROOT, check_int, check_mapping, check_name, check_number, yaml_mapping_file
 
 if TYPE_CHECKING:
     from dapo.sweep_spec import Spec

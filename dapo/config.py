@@ -470,60 +470,6 @@ def _deep_merge(base: dict, top: dict) -> dict:
     return out
 
 
-# --------------------------------------------------------------------------- checks for the other YAML files
-# Sweep specs and cluster profiles check their plain values with the same rules as a config field.
-REPO_ROOT = Path(__file__).resolve().parent.parent
-NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
-
-
-def _is(value: Any, tp: Any) -> bool:
-    """Whether ``value`` passes :func:`_coerce` as annotation ``tp``."""
-    try:
-        _coerce(value, tp, "", "")
-    except ConfigError:
-        return False
-    return True
-
-
-def check_name(value: Any, key: str, where: str) -> str:
-    """A name that reaches a job script or a path: ``^[A-Za-z0-9._-]+$`` (no spaces, quotes, ``;``, ``$``)."""
-    if not isinstance(value, str) or not NAME_RE.match(value) or value in (".", ".."):
-        raise ConfigError(f"{where}: {key} = {value!r}: expected a name matching {NAME_RE.pattern}")
-    return value
-
-
-def check_int(value: Any, key: str, where: str, lo: int | None = None) -> int:
-    """An integer (a config ``int``: bools refused) that is ``>= lo``."""
-    if not _is(value, int) or (lo is not None and value < lo):
-        raise ConfigError(f"{where}: {key} = {value!r}: expected an integer" + (f" >= {lo}" if lo is not None else ""))
-    return value
-
-
-def check_number(value: Any, key: str, where: str, allow_none: bool = False) -> float | None:
-    """A finite number (a config ``float``), or None when ``allow_none``."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, str) or not _is(value, float):    # a spec's numbers are YAML numbers, not strings
-        raise ConfigError(f"{where}: {key} = {value!r}: expected a number" + (" or null" if allow_none else ""))
-    return _coerce(value, float, key, where)
-
-
-def check_text(value: Any, key: str, where: str) -> str:
-    """A non-empty one-line string."""
-    if not _is(value, str) or not value.strip() or "\n" in value:
-        raise ConfigError(f"{where}: {key} = {value!r}: expected a non-empty one-line string")
-    return value
-
-
-def check_mapping(value: Any, key: str, where: str) -> dict:
-    """A mapping (None reads as an empty one)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: {key} = {value!r}: expected a mapping")
-    return value
-
-
 def safe_yaml_file(path: Path) -> Any:
     """``yaml.safe_load`` of a file; any way the file can be unreadable is a ConfigError naming it."""
     try:
@@ -534,14 +480,6 @@ def safe_yaml_file(path: Path) -> Any:
         raise ConfigError(f"{path}: YAML nested too deeply") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-
-
-def yaml_mapping_file(path: Path) -> dict:
-    """:func:`safe_yaml_file` of a file whose top level must be a mapping (a sweep spec, a cluster profile)."""
-    raw = safe_yaml_file(path)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping")
-    return raw
 
 
 def read_yaml(path: str | Path, _seen: tuple = ()) -> dict:

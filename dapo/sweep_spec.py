@@ -52,9 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dapo.config import (NAME_RE, REPO_ROOT, Config, ConfigError, apply_overrides, build_config, check_int,
-                         check_mapping, check_name, check_number, check_text, config_hash, field_docs, flatten,
-                         read_yaml, to_dict, yaml_mapping_file)
+from dapo.config import (Config, ConfigError, apply_overrides, build_config, config_hash, field_docs, flatten,
+                         read_yaml, to_dict)
+from dapo.yaml_checks import (NAME_RE, REPO_ROOT, check_int, check_mapping, check_name, check_number, check_text,
+                              yaml_mapping_file)
 
 __all__ = ["KINDS", "NAME_RE", "Technique", "Resources", "Spec", "Arm", "Job",
            "load_spec", "arms", "expand", "sweep_info", "check_name", "REPO_ROOT"]
