@@ -7,7 +7,7 @@
 #   scripts/setup-postgres.sh stop DIR      stop the cluster started in DIR, by the pid in its postmaster.pid
 #   scripts/setup-postgres.sh status DIR    exit 0 running, 3 stopped
 #
-# `start` creates the role `dapo` with a random password (in DIR/password, mode 600) owning the
+# `start` creates the role `dapo` (CREATEDB) with a random password (in DIR/password, mode 600) owning the
 # database `mlflow`, and prints (last lines of stdout; progress goes to stderr):
 #   export DAPO_PG_DIR=DIR
 #   export DAPO_PG_URI=postgresql://dapo@127.0.0.1:PORT/mlflow      (no password in it)
@@ -88,7 +88,7 @@ start_pg() {
   pw=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
   (umask 077; printf '%s\n' "$pw" > "$dir/password")
   # the password goes through stdin, never a command line
-  printf "CREATE ROLE dapo LOGIN PASSWORD '%s';\nCREATE DATABASE mlflow OWNER dapo;\n" "$pw" |
+  printf "CREATE ROLE dapo LOGIN CREATEDB PASSWORD '%s';\nCREATE DATABASE mlflow OWNER dapo;\n" "$pw" |
     as_owner "$bin/psql" -q -v ON_ERROR_STOP=1 -h "$dir/sock" -p "$port" -U postgres -d postgres >&2 \
     || { stop_pg "$dir"; die "could not create role/database"; }
   log "running: pid $(pid_of "$dir"), data $dir/data, log $dir/server.log"
