@@ -48,7 +48,7 @@ from typing import Any
 from dapo.minitask import N_EVAL
 
 __all__ = ["RECIPE_VERSION", "Recipe", "build_base_model", "default_out_dir", "evaluate", "main", "recipe_hash",
-           "summary"]
+           "resolve_policy_path", "summary"]
 
 RECIPE_VERSION = 1
 """Bumped whenever the code changes what a recipe produces (invalidates reuse)."""
@@ -436,6 +436,16 @@ def build_base_model(
     record["reused"] = False
     record["model_path"] = str(out)
     return record
+
+
+def resolve_policy_path(name: str) -> Path | str:
+    """``mini-base`` / ``mini-base:STEPS`` → this module's base model (built once, cached by recipe
+    hash); anything else → :func:`dapo.models.resolve_model` (hub ids allowed)."""
+    if name == "mini-base" or name.startswith("mini-base:"):
+        kw = {"steps": int(name.split(":", 1)[1])} if ":" in name else {}
+        return Path(build_base_model(**kw)["model_path"])
+    from dapo.models import resolve_model
+    return resolve_model(name, allow_hub=True)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -46,7 +46,6 @@ __all__ = [
     "publish_dir",
     "save_pretrained",
     "resolve_model",
-    "resolve_policy_path",
 ]
 
 PAD_TOKEN = "<pad>"
@@ -373,13 +372,3 @@ def resolve_model(
         f"{sorted([SMOLLM2_NAME, *TINY_PRESETS])}"
         + ("" if allow_hub else " (hub ids need allow_hub=True and internet access)")
     )
-
-
-def resolve_policy_path(name: str) -> Path | str:
-    """``mini-base`` / ``mini-base:STEPS`` → the tiny supervised base model (built once,
-    cached by recipe hash); anything else → :func:`resolve_model` (hub ids allowed)."""
-    if name == "mini-base" or name.startswith("mini-base:"):
-        from dapo.base_model import build_base_model
-        kw = {"steps": int(name.split(":", 1)[1])} if ":" in name else {}
-        return Path(build_base_model(**kw)["model_path"])
-    return resolve_model(name, allow_hub=True)
