@@ -66,7 +66,9 @@ _TRANSIENT = ("database is locked", "database table is locked", "OperationalErro
               "Connection refused", "Connection reset", "Connection aborted", "Max retries exceeded",
               "Read timed out", "RemoteDisconnected", "TEMPORARILY_UNAVAILABLE", "RESOURCE_EXHAUSTED",
               "503", "502", "504", "429")
-_PERMANENT = ("unable to open database file", "no such table", "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+_PERMANENT = ("unable to open database file", "no such table", "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE",
+              "password authentication failed", "no password supplied", "does not exist", "error code 401",
+              "error code 403")
 
 
 def _transient(exc: BaseException) -> bool:
@@ -339,6 +341,9 @@ class Tracker:
         use_credentials(tracking_uri)           # $DAPO_TRACKING_PASSWORD_FILE / _ENV, if named
         if _scheme(tracking_uri) in ("http", "https"):   # call_with_retry is the one bounded back-off
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        if _scheme(tracking_uri) in ("http", "https", "postgresql", "postgres", "mysql", "mssql"):
+            # fail fast and clearly (a wrong password, no server) instead of inside MLflow's engine retries
+            self._call(check_server, tracking_uri, what="reach the tracking server")
         from mlflow.tracking import MlflowClient
         if _sqlite_path(tracking_uri) is not None:   # import outside the lock what opening the store needs
             import mlflow.store.db.utils  # noqa: F401
