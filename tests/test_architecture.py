@@ -120,8 +120,9 @@ def test_runs_is_a_leaf_of_analysis():
     assert not {i for i in _all_imports("analysis.runs") if i.startswith("analysis.")}
 
 
-@pytest.mark.parametrize("module", ["dapo.cluster", "dapo.sweep_spec", "dapo.yaml_checks", "dapo.config"])
-def test_cluster_and_specs_import_neither_torch_nor_submitit(module):
+@pytest.mark.parametrize("module", ["dapo.cluster", "dapo.sweep_spec", "dapo.yaml_checks", "dapo.config", "dapo.plan",
+                                    "dapo.prompts", "dapo.readers", "dapo.data", "dapo.sampler", "dapo.minitask"])
+def test_pure_modules_import_neither_torch_nor_submitit(module):
     """Not in the module itself (anywhere), nor at import time through what it imports from dapo."""
     heavy = {"torch", "submitit", "transformers", "vllm"}
     assert not {i.split(".")[0] for i in _all_imports(module)} & heavy
