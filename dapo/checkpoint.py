@@ -11,6 +11,14 @@ rotation never leaves a half-deleted ``step_*`` directory that looks complete.
 
 Everything is read back with ``torch.load(weights_only=True)``: no pickle of arbitrary
 objects is ever loaded (the numpy RNG state is stored as a tensor for that reason).
+
+Sharded (FSDP2) models: every rank calls :func:`save_checkpoint` / :func:`load_checkpoint`
+at the same point. The model and optimizer go through ``torch.distributed.checkpoint``
+(``shards/``: each rank writes and later reads only its own shards, also under a different
+number of ranks); each rank's RNG state goes to ``rng_rank<r>.pt``; rank 0 writes the
+scheduler (``extra.pt``) and ``state.json``. All ranks write into one temporary directory
+(named by rank 0), then rank 0 alone publishes it with the same rename, after every rank
+has reported its files durable; a failure on any rank fails the save on all of them.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from dapo import faults
 
 __all__ = ["CheckpointError", "save_checkpoint", "latest_checkpoint", "load_checkpoint",
            "rng_state", "set_rng_state"]
+
+SHARDS = "shards"   # torch.distributed.checkpoint directory of a sharded checkpoint
 
 
 class CheckpointError(RuntimeError):
@@ -53,8 +63,19 @@ def set_rng_state(s: dict[str, Any]) -> None:
 
 
 def _finite(model: torch.nn.Module) -> bool:
-    return all(torch.isfinite(p).all().item() for p in model.state_dict().values()
+    """All weights finite (this rank's shards for a sharded model)."""
+    return all(torch.isfinite(_local(p)).all().item() for p in model.state_dict().values()
                if torch.is_floating_point(p))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    from dapo.distributed import is_sharded
+    return is_sharded(model)
 
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: torch.nn.Module,
@@ -62,8 +83,12 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: torch.nn.Mo
                     keep_last: int = 2) -> Path:
     """Write checkpoint ``step`` atomically and delete all but the newest ``keep_last``.
 
-    Refuses (CheckpointError) to write non-finite weights.
+    Refuses (CheckpointError) to write non-finite weights. A sharded model: every rank
+    calls this (see the module docstring).
     """
+    if _sharded(model):
+        return _save_sharded(Path(run_dir), step, model=model, optimizer=optimizer, scheduler=scheduler,
+                             state=state, keep_last=keep_last)
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
@@ -81,21 +106,32 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: torch.nn.Mo
                     "scheduler": scheduler.state_dict() if scheduler is not None else None,
                     "rng": rng_state()}, tmp / "optim.pt")
         (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
-        for f in tmp.iterdir():  # make the bytes durable before publishing the name
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        old = None
-        if final.exists():   # the same step again (rare): move it aside, never delete it first
-            old = root / f".old_step_{step:06d}_{os.getpid()}"
-            os.rename(final, old)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _publish(root, tmp, final, step)
     except Exception as exc:  # OSError (full disk, read-only), or torch's RuntimeError wrapping one
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"{final}: could not write checkpoint ({type(exc).__name__}: {exc}); "
                               f"the previous checkpoint is kept") from exc
+    _rotate(root, keep_last)
+    return final
+
+
+def _publish(root: Path, tmp: Path, final: Path, step: int) -> None:
+    """Make ``tmp``'s files durable, then give it the name ``final`` with one rename."""
+    for f in tmp.rglob("*"):  # make the bytes durable before publishing the name
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    old = None
+    if final.exists():   # the same step again (rare): move it aside, never delete it first
+        old = root / f".old_step_{step:06d}_{os.getpid()}"
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _rotate(root: Path, keep_last: int) -> None:
     done = sorted(p for p in root.glob("step_*") if (p / "state.json").is_file())
     for i, old in enumerate(done[:-keep_last]):
         trash = root / f".del_{old.name}_{os.getpid()}_{i}"
@@ -108,6 +144,59 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: torch.nn.Mo
         shutil.rmtree(trash, ignore_errors=True)
     for trash in root.glob(".old_step_*"):
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def _save_sharded(run_dir: Path, step: int, *, model, optimizer, scheduler, state, keep_last: int) -> Path:
+    """Every rank: its model/optimizer shards (DCP) and RNG; rank 0: scheduler, state, publish."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from dapo.distributed import all_gather_object, broadcast_object
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    root = run_dir / "checkpoints"
+    final = root / f"step_{step:06d}"
+    if not all(all_gather_object(_finite(model), world)):
+        raise CheckpointError(f"{final}: refusing to checkpoint non-finite (NaN/inf) weights; "
+                              f"the previous checkpoint is kept")
+    tmp, err = None, None
+    if rank == 0:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in root.glob(".tmp_step_*"):   # a killed job's leftovers (one job per run dir)
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
+            tmp.mkdir()
+        except OSError as exc:
+            err = f"{type(exc).__name__}: {exc}"
+    tmp, err = broadcast_object((tmp, err), world)
+    if err is None:
+        try:
+            msd, osd = get_state_dict(model, optimizer)
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDS))   # a collective
+            faults.kill_point("KILL_IN_CHECKPOINT", step)   # test hook: die with the checkpoint half written
+            torch.save({"rng": rng_state()}, tmp / f"rng_rank{rank}.pt")
+            if rank == 0:
+                torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None},
+                           tmp / "extra.pt")
+                (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
+        except Exception as exc:  # noqa: BLE001 - reported on every rank below
+            err = f"rank {rank}: {type(exc).__name__}: {exc}"
+    errors = [e for e in all_gather_object(err, world) if e]
+    if not errors and rank == 0:
+        try:
+            _publish(root, tmp, final, step)
+        except Exception as exc:  # noqa: BLE001
+            errors = [f"rank 0: {type(exc).__name__}: {exc}"]
+    errors = broadcast_object(errors, world)
+    if errors:
+        if rank == 0 and tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"{final}: could not write checkpoint ({'; '.join(errors)}); "
+                              f"the previous checkpoint is kept")
+    if rank == 0:
+        _rotate(root, keep_last)
     return final
 
 
@@ -136,8 +225,15 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 def load_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     restore_rng: bool = True) -> dict[str, Any]:
-    """Load a checkpoint into the given objects; return its ``state.json`` dict."""
+    """Load a checkpoint into the given objects; return its ``state.json`` dict.
+
+    A sharded checkpoint (``shards/``) into a sharded model: every rank calls this and reads
+    its own shards of the model and optimizer (any number of ranks), and its own RNG state.
+    """
     path = Path(path)
+    if (path / SHARDS).is_dir():
+        return _load_sharded(path, model=model, optimizer=optimizer, scheduler=scheduler,
+                             restore_rng=restore_rng)
     try:
         state = json.loads((path / "state.json").read_text())
         model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
@@ -150,6 +246,34 @@ def load_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module,
         scheduler.load_state_dict(extra["scheduler"])
     if restore_rng:
         set_rng_state(extra["rng"])
+    return state
+
+
+def _load_sharded(path: Path, *, model, optimizer, scheduler, restore_rng: bool) -> dict[str, Any]:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    if not _sharded(model):
+        raise CheckpointError(f"{path}: a sharded checkpoint (written by several processes); load it with "
+                              f"the same launch.fsdp setting (a sharded model)")
+    rank = dist.get_rank()
+    try:
+        state = json.loads((path / "state.json").read_text())
+        msd, osd = get_state_dict(model, optimizer if optimizer is not None else [])
+        target = {"model": msd, **({"optim": osd} if optimizer is not None else {})}
+        dcp.load(target, checkpoint_id=str(path / SHARDS))
+        set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=target["model"],
+                       optim_state_dict=target.get("optim", {}))
+        extra = torch.load(path / "extra.pt", map_location="cpu", weights_only=True)
+        own = path / f"rng_rank{rank}.pt"
+        rng = torch.load(own if own.is_file() else path / "rng_rank0.pt", map_location="cpu", weights_only=True)
+    except Exception as exc:  # OSError, bad JSON, a missing shard, unpickling refused
+        raise CheckpointError(f"{path}: could not load checkpoint ({type(exc).__name__}: {exc})") from exc
+    if scheduler is not None and extra.get("scheduler") is not None:
+        scheduler.load_state_dict(extra["scheduler"])
+    if restore_rng:
+        set_rng_state(rng["rng"])
     return state
 
 
