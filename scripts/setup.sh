@@ -30,7 +30,15 @@ pip_install() {  # pip install "$@", or its dry run with a JSON report per step
   STEP=$((STEP + 1))
   if [ -z "$DRY" ]; then $PIP install "$@"; return; fi
   mkdir -p "$DRY"
-  if ! $PIP install --dry-run --ignore-installed --report "$DRY/step$STEP.json" "$@" > "$DRY/step$STEP.log" 2>&1; then
+  # What the earlier steps would have installed stays as it is (a real install keeps it while it
+  # satisfies the new requirements): their versions constrain this step.
+  "$VENV/bin/python" -c 'import json, pathlib, sys
+for p in sorted(pathlib.Path(sys.argv[1]).glob("step*.json")):
+    for it in json.loads(p.read_text())["install"]:
+        m = it["metadata"]
+        if not it.get("is_direct"): print(m["name"] + "==" + m["version"])' "$DRY" > "$DRY/earlier-steps.txt"
+  if ! $PIP install --dry-run --ignore-installed --report "$DRY/step$STEP.json" -c "$DRY/earlier-steps.txt" "$@" \
+      > "$DRY/step$STEP.log" 2>&1; then
     grep -vE '^(Collecting|  Using cached|  Downloading|Requirement already|  Preparing|  Getting|  Installing build|  Obtaining|  Checking if)|eta [0-9:]+$' \
       "$DRY/step$STEP.log" | tail -40
     return 1
