@@ -250,3 +250,10 @@ def test_gpu_smoke_rollout_steps_on_vllm_cpu(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert re.search(r"(?m)^step 2: generate .* push\+wake .* step ", p.stdout)
     assert "greedy outputs of the engine equal the trainer's after the last push: 4/4" in p.stdout
+
+
+def test_setup_refuses_an_unknown_machine_kind(tmp_path):
+    p = subprocess.run(["bash", "scripts/setup.sh"], cwd=REPO, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "DAPO_SETUP_KIND": "tpu", "VENV": str(tmp_path / "venv")})
+    assert p.returncode == 2 and "DAPO_SETUP_KIND=tpu: expected cpu or cuda" in p.stderr
+    assert not (tmp_path / "venv").exists()
