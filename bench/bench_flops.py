@@ -7,7 +7,7 @@
 Ceiling: a large ``torch.matmul`` (``--ceiling-n``, default 4096) in fp32 and in bf16,
 measured in the same process with the same threads: 2 n^3 FLOP per call.
 
-Update: ``dapo.train.update_policy`` -- the loop's real optimizer step (packing, forward,
+Update: ``dapo.update.update_policy`` -- the loop's real optimizer step (packing, forward,
 log-probs, clipped token-level loss, backward, grad clip, AdamW) -- on a synthetic rollout
 batch shaped like the RL benchmark (8 prompts x 8 responses, prompts of 20..40 tokens,
 responses of ``--resp-len`` tokens or a uniform 16..128 spread), one optimizer step per
@@ -52,7 +52,7 @@ def synthetic_batch(prompts: int, n: int, resp_len: str, vocab: int, seed: int =
     """A RolloutBatch of ``prompts`` x ``n`` sequences with mixed rewards (non-zero advantages)."""
     import torch
 
-    from dapo.train import RolloutBatch
+    from dapo.rollout import RolloutBatch
     rng = random.Random(seed)
     P, R = [], []
     for _ in range(prompts):
@@ -86,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from dapo import algo
     from dapo.config import build_config
+    from dapo.logprobs import length_sorted, pack, response_mask
     from dapo.models import load_model, resolve_model
-    from dapo.train import update_policy
+    from dapo.update import Policy, update_policy
     torch.set_num_threads(args.threads)
     precisions = args.precisions.split(",")
     ceil = {}
@@ -119,12 +120,11 @@ def main(argv: list[str] | None = None) -> int:
                                              "overlong": {"max_len": 128, "cache_len": 32}},
                                     "train": {"batch_prompts": 8, "mini_batch_prompts": 8,
                                               "micro_batch_seqs": micro, "lr": 1e-6}}, where="bench_flops")
-                from dapo.train import length_sorted, response_mask, _pack
                 mask = response_mask(batch)
                 order = length_sorted(list(range(len(batch.response_ids))), batch)
                 padded = 0
                 for s in range(0, len(order), micro):
-                    ids = _pack([batch.prompt_ids[i] for i in order[s:s + micro]],
+                    ids = pack([batch.prompt_ids[i] for i in order[s:s + micro]],
                                 [batch.response_ids[i] for i in order[s:s + micro]], 0, torch.device("cpu"))[0]
                     padded += ids.numel()
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                 ts = []
                 for rep in range(args.repeats + 1):
                     t = time.perf_counter()
-                    update_policy(model, opt, sched, batch, None, adv, mask, cfg, pad_id=0,
-                                  device=torch.device("cpu"), autocast=auto)
+                    update_policy(Policy(model, opt, sched, torch.device("cpu"), autocast=auto),
+                                  batch, None, adv, mask, cfg)
                     if rep:  # first run is warm-up
                         ts.append(time.perf_counter() - t)
                 t_upd = statistics.median(ts)
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 for rep in range(args.repeats + 1):
                     t = time.perf_counter()
                     for s in range(0, len(order), micro):
-                        ids, att, pos, *_ = _pack([batch.prompt_ids[i] for i in order[s:s + micro]],
+                        ids, att, pos, *_ = pack([batch.prompt_ids[i] for i in order[s:s + micro]],
                                                   [batch.response_ids[i] for i in order[s:s + micro]], 0,
                                                   torch.device("cpu"))
                         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=auto):

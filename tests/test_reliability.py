@@ -31,7 +31,9 @@ import torch
 from dapo import faults
 from dapo.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from dapo.config import load_config
-from dapo.train import DynamicSamplingExhausted, NonFiniteError, train
+from dapo.rollout import DynamicSamplingExhausted
+from dapo.train import train
+from dapo.update import NonFiniteError
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -393,7 +395,8 @@ def test_bad_rows_with_on_bad_fail_stop_naming_the_row(store, tmp_path):
     long_only = tmp_path / "long.jsonl"
     long_only.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n"
                          + json.dumps({"prompt": "7+" * 40 + "7=", "answer": "56"}) + "\n")
-    with pytest.raises(ValueError, match=re.escape(f"{long_only} row 1: prompt has 82 tokens > data.max_prompt_tokens=32")):
+    with pytest.raises(DataError, match=re.escape(f"{long_only}: row 1: prompt too long (tokens) (82 > 32): "
+                                                  f"raise data.max_prompt_tokens=32")):
         train(_cfg(store, tmp_path, **BAD_DATA_RUN, **{"data.train": str(long_only), "data.on_bad": "fail"}),
               tmp_path / "run2")
 

@@ -3,6 +3,7 @@ invariance of the update, and real end-to-end runs (vLLM, MLflow, checkpoints, r
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -14,8 +15,9 @@ import torch
 
 from dapo.config import load_config
 from dapo.engines import Completion
-from dapo.train import (DynamicSamplingExhausted, RolloutBatch, collect_rollouts, old_logprobs,
-                        update_policy)
+from dapo.logprobs import old_logprobs
+from dapo.rollout import DynamicSamplingExhausted, RolloutBatch, collect_rollouts
+from dapo.update import Policy, update_policy
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -145,8 +147,8 @@ def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0):
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    steps = update_policy(model, opt, sched, batch, old, adv, mask, cfg, pad_id=0,
-                          device=torch.device("cpu"), autocast=False, rank=rank, world=world)
+    steps = update_policy(Policy(model, opt, sched, torch.device("cpu"), rank=rank, world=world),
+                          batch, old, adv, mask, cfg)
     delta = {k: (model.state_dict()[k] - before[k]) for k in before}
     return steps, delta
 
@@ -155,7 +157,7 @@ def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0):
 def test_token_mean_update_is_invariant_to_micro_batch_split(micro):
     ref_steps, ref_delta = _one_update(16)
     steps, delta = _one_update(micro)
-    assert steps[0]["train/loss"] == pytest.approx(ref_steps[0]["train/loss"], rel=1e-5, abs=1e-7)
+    assert steps[0].loss == pytest.approx(ref_steps[0].loss, rel=1e-5, abs=1e-7)
     for k in ref_delta:
         torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
 
@@ -172,8 +174,8 @@ def _on_policy_update(use_none: bool, micro: int = 4):
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    steps = update_policy(model, opt, sched, batch, None if use_none else old, adv, mask, cfg, pad_id=0,
-                          device=torch.device("cpu"), autocast=False)
+    steps = update_policy(Policy(model, opt, sched, torch.device("cpu")), batch, None if use_none else old,
+                          adv, mask, cfg)
     delta = {k: (model.state_dict()[k] - before[k]) for k in before}
     return steps, delta, float((ent * mask).sum() / mask.sum()), float((old.exp() * mask).sum() / mask.sum())
 
@@ -181,7 +183,7 @@ def _on_policy_update(use_none: bool, micro: int = 4):
 def test_single_step_on_policy_skips_old_logprobs_with_the_same_update():
     """One optimizer step per rollout batch: using the update's own detached log-probs as π_old
     gives the same loss, gradient step, entropy and token probability as a separate forward."""
-    from dapo.train import single_step_on_policy
+    from dapo.logprobs import single_step_on_policy
     assert single_step_on_policy(_cfg(**{"train.batch_prompts": 4, "train.mini_batch_prompts": 4}), 4)
     assert not single_step_on_policy(_cfg(**{"train.batch_prompts": 4, "train.mini_batch_prompts": 2}), 4)
     assert not single_step_on_policy(_cfg(**{"train.batch_prompts": 4, "train.mini_batch_prompts": 4,
@@ -189,17 +191,17 @@ def test_single_step_on_policy_skips_old_logprobs_with_the_same_update():
     ref_steps, ref_delta, ent, prob = _on_policy_update(False)
     for micro in (1, 4, 16):
         steps, delta, _, _ = _on_policy_update(True, micro)
-        assert steps[0]["train/loss"] == pytest.approx(ref_steps[0]["train/loss"], rel=1e-5, abs=1e-7)
-        assert steps[0]["train/ratio_mean"] == pytest.approx(1.0, abs=1e-7)
-        assert steps[0]["train/entropy"] == pytest.approx(ent, rel=1e-5)
-        assert steps[0]["train/token_prob_mean"] == pytest.approx(prob, rel=1e-5)
+        assert steps[0].loss == pytest.approx(ref_steps[0].loss, rel=1e-5, abs=1e-7)
+        assert steps[0].ratio_mean == pytest.approx(1.0, abs=1e-7)
+        assert steps[0].entropy == pytest.approx(ent, rel=1e-5)
+        assert steps[0].token_prob_mean == pytest.approx(prob, rel=1e-5)
         for k in ref_delta:
             torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
         assert any(float(d.abs().max()) > 0 for d in delta.values())
 
 
 def test_length_sorted_micro_batches_pad_less():
-    from dapo.train import length_sorted
+    from dapo.logprobs import length_sorted
     batch = _random_batch(seed=5)
     idx = length_sorted(list(range(len(batch.response_ids))), batch)
     assert sorted(idx) == list(range(len(batch.response_ids)))
@@ -210,7 +212,7 @@ def test_length_sorted_micro_batches_pad_less():
 def _dist_worker(rank, world, port, out_path):
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
     from dapo import algo
     cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4,
@@ -225,10 +227,10 @@ def _dist_worker(rank, world, port, out_path):
     opt = torch.optim.SGD(ddp.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    steps = update_policy(ddp, opt, sched, batch, old, adv, mask, cfg, pad_id=0,
-                          device=torch.device("cpu"), autocast=False, rank=rank, world=world)
+    steps = update_policy(Policy(ddp, opt, sched, torch.device("cpu"), rank=rank, world=world),
+                          batch, old, adv, mask, cfg)
     if rank == 0:
-        torch.save({"loss": steps[0]["train/loss"],
+        torch.save({"loss": steps[0].loss,
                     "delta": {k: model.state_dict()[k] - before[k] for k in before}}, out_path)
     dist.destroy_process_group()
 
@@ -243,7 +245,7 @@ def test_two_processes_give_the_same_update_as_one(tmp_path):
     mp.spawn(_dist_worker, args=(2, port, str(out)), nprocs=2, join=True)
     two = torch.load(out)
     ref_steps, ref_delta = _one_update(2)
-    assert two["loss"] == pytest.approx(ref_steps[0]["train/loss"], rel=1e-5, abs=1e-7)
+    assert two["loss"] == pytest.approx(ref_steps[0].loss, rel=1e-5, abs=1e-7)
     for k in ref_delta:
         torch.testing.assert_close(two["delta"][k], ref_delta[k], rtol=1e-4, atol=1e-6)
 
@@ -270,7 +272,7 @@ def _history(uri, run_uuid):
 @pytest.fixture(scope="session")
 def base_model_path():
     """A quickly trained tiny base model (cached by recipe hash across test runs)."""
-    from dapo.train import resolve_policy_path
+    from dapo.base_model import resolve_policy_path
     return str(resolve_policy_path("mini-base:150"))
 
 
@@ -352,7 +354,7 @@ def test_smollm2_one_rollout_and_one_update_on_cpu(tmp_path):
 
 
 def test_overlong_filter_masks_truncated_not_finished_responses():
-    from dapo.train import response_loss_mask
+    from dapo.logprobs import response_loss_mask
     resp = torch.ones(3, 4)
     finished = torch.tensor([True, False, True])          # the middle one hit the length cap
     assert response_loss_mask(resp, finished, False).tolist() == resp.tolist()

@@ -1,0 +1,120 @@
+"""The trainer's view of a rollout batch: packing, forwards, per-token log-probs and masks.
+
+Every forward of the policy (old log-probs, the update, the reference model) goes through
+:func:`response_logits`, which packs prompts and responses so that each response starts at
+the same column. Notation as in dapo.algo: N sequences, P prompt columns, L response tokens,
+V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from dapo import algo
+from dapo.config import Config
+
+if TYPE_CHECKING:
+    from dapo.rollout import RolloutBatch
+
+__all__ = ["pack", "response_logits", "length_sorted", "response_mask", "response_loss_mask",
+           "single_step_on_policy", "old_logprobs"]
+
+
+def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int, device):
+    """Left-pad prompts to P and right-pad responses to L so responses start at column P.
+
+    Returns input_ids [n, P+L], attention_mask [n, P+L], position_ids [n, P+L],
+    targets [n, L] (response tokens), resp_mask [n, L] (1 on real response tokens), P.
+    """
+    n = len(prompt_ids)
+    P = max(len(p) for p in prompt_ids)
+    L = max(max((len(r) for r in response_ids), default=0), 1)
+    ids = torch.full((n, P + L), pad_id, dtype=torch.long)
+    att = torch.zeros((n, P + L), dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+        ids[i, P - len(p):P] = torch.tensor(p)
+        att[i, P - len(p):P] = 1
+        if r:
+            ids[i, P:P + len(r)] = torch.tensor(r)
+            att[i, P:P + len(r)] = 1
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    targets = ids[:, P:]
+    resp_mask = att[:, P:].float()
+    return ids.to(device), att.to(device), pos.to(device), targets.to(device), resp_mask.to(device), P
+
+
+def response_logits(model, prompt_ids, response_ids, pad_id, device, autocast: bool):
+    """Forward → logits at the positions that predict each response token.
+
+    Returns logits [n, L, V] (float32), targets [n, L], resp_mask [n, L].
+    """
+    ids, att, pos, targets, resp_mask, P = pack(prompt_ids, response_ids, pad_id, device)
+    L = targets.shape[1]
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
+        # only the L+1 last positions (P-1 .. P+L-1) need the vocabulary projection
+        logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False,
+                       logits_to_keep=L + 1).logits
+    return logits[:, :L].float(), targets, resp_mask
+
+
+def length_sorted(idx: list[int], batch: RolloutBatch) -> list[int]:
+    """``idx`` ordered by response length, then prompt length (longest first), so that each
+    micro-batch pads to similar lengths. Sums over a mini-batch do not depend on the order."""
+    return sorted(idx, key=lambda i: (-len(batch.response_ids[i]), -len(batch.prompt_ids[i]), i))
+
+
+def response_mask(batch: RolloutBatch) -> torch.Tensor:
+    """[N, L] with 1 on each response's real tokens (L = the batch's longest response)."""
+    N = len(batch.response_ids)
+    L = max(max((len(r) for r in batch.response_ids), default=0), 1)
+    mask = torch.zeros(N, L)
+    for i, r in enumerate(batch.response_ids):
+        mask[i, :len(r)] = 1.0
+    return mask
+
+
+def response_loss_mask(resp_mask: torch.Tensor, finished: torch.Tensor, overlong_filter: bool) -> torch.Tensor:
+    """Tokens the loss sees. resp_mask: [N, L]; finished: [N] bool (stopped on EOS).
+
+    With overlong filtering, truncated responses (not finished) are masked out entirely.
+    """
+    if not overlong_filter:
+        return resp_mask
+    return resp_mask * algo.overlong_mask(~finished)[:, None]                            # [N, L]
+
+
+def single_step_on_policy(cfg: Config, num_groups: int) -> bool:
+    """True when a rollout batch feeds exactly one optimizer step (one epoch, one mini-batch):
+    π_old is then the policy being differentiated, so old log-probs are the update's own
+    log-probs, detached (ratio ≡ 1) and the separate no-grad forward can be skipped."""
+    return cfg.train.ppo_epochs == 1 and cfg.train.mini_batch_prompts >= num_groups
+
+
+@torch.no_grad()
+def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, autocast: bool):
+    """π_old log-probs, entropy and token probability of every response token.
+
+    Returns logp [N, L], entropy [N, L], resp_mask [N, L] (padded to the batch's max L).
+    """
+    N = len(batch.response_ids)
+    L = max(max((len(r) for r in batch.response_ids), default=0), 1)
+    logp = torch.zeros(N, L)
+    ent = torch.zeros(N, L)
+    mask = torch.zeros(N, L)
+    mb = cfg.train.micro_batch_seqs
+    was_training = model.training
+    model.eval()
+    order = length_sorted(list(range(N)), batch)
+    for s in range(0, N, mb):
+        idx = order[s:s + mb]
+        logits, tgt, m = response_logits(model, [batch.prompt_ids[i] for i in idx],
+                                         [batch.response_ids[i] for i in idx], pad_id, device, autocast)
+        lp = algo.logprobs_from_logits(logits, tgt)
+        l = lp.shape[1]
+        logp[idx, :l] = lp.cpu()
+        ent[idx, :l] = algo.token_entropy(logits).cpu()
+        mask[idx, :l] = m.cpu()
+    model.train(was_training)
+    return logp, ent, mask

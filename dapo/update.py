@@ -1,0 +1,262 @@
+"""The policy update: μ optimizer steps over one rollout batch (DESIGN.md §2, steps 6-7).
+
+:class:`Policy` holds what the update needs (model, optimizer, scheduler, precision,
+rank/world); :func:`update_policy` splits the batch into mini-batches (one optimizer step
+each) and micro-batches (gradient accumulation), and returns one :class:`StepStats` per
+optimizer step. Notation as in dapo.algo: N sequences, L response tokens, G responses per group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from dapo import algo
+from dapo.config import Config
+from dapo.logprobs import length_sorted, response_logits
+
+__all__ = ["Policy", "build_policy", "update_policy", "StepStats", "NonFiniteError", "mean_metrics",
+           "old_policy_metrics", "bf16_autocast"]
+
+
+class NonFiniteError(RuntimeError):
+    """A NaN/inf loss or gradient with ``train.nonfinite = stop``."""
+
+
+@dataclass
+class Policy:
+    """The trained model and everything an update step needs besides the batch."""
+    model: Any                        # what forwards and backward go through (DDP-wrapped when world > 1)
+    optimizer: Any
+    scheduler: Any
+    device: torch.device
+    autocast: bool = False            # bf16 autocast of the forwards
+    pad_id: int = 0
+    rank: int = 0
+    world: int = 1
+    ref_model: Any = None             # frozen π_ref (only with algo.kl.coef > 0)
+    module: Any = None                # the unwrapped model: state_dict, checkpoints, engine (default: model)
+
+    def __post_init__(self):
+        if self.module is None:
+            self.module = self.model
+
+
+def bf16_autocast(cfg: Config, device: torch.device) -> bool:
+    """``model.autocast_bf16`` where the hardware has bf16 (CUDA, or a CPU with AVX512-BF16/AMX)."""
+    if not cfg.model.autocast_bf16:
+        return False
+    if device.type == "cuda":
+        return True
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in info or "amx_bf16" in info
+
+
+def build_policy(cfg: Config, model_path, accelerator, pad_id: int) -> Policy:
+    """Load the model (and π_ref with a KL term), AdamW with linear warm-up, wrapped by ``accelerator``."""
+    from dapo.models import load_model
+    device = accelerator.device
+    autocast = bf16_autocast(cfg, device)
+    model = load_model(model_path, dtype=cfg.model.train_dtype).to(device)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    ref_model = None
+    if cfg.algo.kl.coef > 0:
+        ref_model = load_model(model_path, dtype=cfg.model.train_dtype).to(device).eval()
+        ref_model.requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, betas=cfg.train.betas,
+                                  weight_decay=cfg.train.weight_decay)
+    warm = cfg.train.warmup_grad_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return Policy(model, optimizer, scheduler, device, autocast=autocast, pad_id=pad_id,
+                  rank=accelerator.process_index, world=accelerator.num_processes, ref_model=ref_model,
+                  module=accelerator.unwrap_model(model))
+
+
+# =========================================================================== metrics
+def _stat(reduce: Optional[str] = None, per: Optional[str] = None, optional: bool = False):
+    """A StepStats field. reduce: None (one value per step), "sum" (summed over micro-batches and
+    ranks) or "mean" (a weighted sum over micro-batches and ranks divided by the summed weight
+    ``per``). ``optional``: absent (None) unless some micro-batch computed it."""
+    return field(default=None, metadata={"reduce": reduce, "per": per, "optional": optional})
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """The metrics of one optimizer step, logged as ``train/<field>``. This field list is the
+    only list of update metric names: the cross-rank sums and the logged dict derive from it."""
+    loss: float = _stat("sum")                             # the step's loss (sum of its micro-batch losses)
+    grad_norm: float = _stat()                             # global gradient norm before clipping
+    lr: float = _stat()
+    clip_frac_high: float = _stat("mean", "tokens")        # tokens clipped at 1 + ε_high (A > 0)
+    clip_frac_low: float = _stat("mean", "tokens")         # tokens clipped at 1 − ε_low (A < 0)
+    approx_kl: float = _stat("mean", "tokens")             # k3 estimate of KL(π_old ‖ π_θ)
+    ratio_mean: float = _stat("mean", "tokens")
+    up_clipped_prob_mean: float = _stat("mean", "up_clipped_count")   # π_θ of the tokens clipped high
+    skipped_step: float = _stat()                          # 1: non-finite loss/gradient, step skipped
+    kl: Optional[float] = _stat("mean", "tokens", optional=True)     # KL(π_θ ‖ π_ref), with algo.kl.coef > 0
+    entropy: Optional[float] = _stat("mean", "resp_tokens", optional=True)          # only when the update
+    token_prob_mean: Optional[float] = _stat("mean", "resp_tokens", optional=True)  # is π_old (single step)
+
+    @staticmethod
+    def metric(name: str) -> str:
+        """The logged name of field ``name``."""
+        if name not in _FIELDS:
+            raise KeyError(f"{name!r} is not a StepStats field")
+        return f"train/{name}"
+
+    def metrics(self) -> dict[str, float]:
+        """{"train/<field>": value} for every field that was computed."""
+        return {self.metric(f): getattr(self, f) for f in _FIELDS if getattr(self, f) is not None}
+
+    @classmethod
+    def from_sums(cls, sums: dict[str, float], **values: float) -> "StepStats":
+        """Reduce the summed micro-batch totals (keys: :data:`SUM_KEYS`) + per-step ``values``."""
+        out = dict(values)
+        for f in fields(cls):
+            reduce, per = f.metadata["reduce"], f.metadata["per"]
+            if reduce == "sum":
+                out[f.name] = sums.get(f.name, 0.0)
+            elif reduce == "mean" and (not f.metadata["optional"] or f.name in sums):
+                out[f.name] = sums.get(f.name, 0.0) / max(sums.get(per, 0.0), 1.0)
+        return cls(**out)
+
+
+_FIELDS = tuple(f.name for f in fields(StepStats))
+# what micro-batches add up (and ranks all-reduce): the summed/averaged fields and the weights
+SUM_KEYS = tuple(sorted({f.name for f in fields(StepStats) if f.metadata["reduce"]}
+                        | {f.metadata["per"] for f in fields(StepStats) if f.metadata["per"]}))
+
+
+def mean_metrics(steps: list[StepStats]) -> dict[str, float]:
+    """Each metric's mean over the optimizer steps of one rollout step."""
+    ds = [s.metrics() for s in steps]
+    if not ds:
+        return {}
+    return {k: float(np.mean([d[k] for d in ds if k in d])) for k in ds[0]}
+
+
+def old_policy_metrics(old_logp: torch.Tensor, entropy: torch.Tensor, resp_mask: torch.Tensor) -> dict[str, float]:
+    """Entropy and mean token probability of π_old over the response tokens (all [N, L])."""
+    n_tok = float(resp_mask.sum())
+    return {StepStats.metric("entropy"): float((entropy * resp_mask).sum() / max(n_tok, 1.0)),
+            StepStats.metric("token_prob_mean"): float((old_logp.exp() * resp_mask).sum() / max(n_tok, 1.0))}
+
+
+# =========================================================================== the update
+def update_policy(policy: Policy, batch, old_logp: torch.Tensor | None, advantages: torch.Tensor,
+                  loss_mask: torch.Tensor, cfg: Config, shuffle_seed: int = 0) -> list[StepStats]:
+    """Several optimizer steps over one rollout batch; returns one StepStats per step.
+
+    old_logp, loss_mask: [N, L]; advantages: [N]. Groups are split into mini-batches of
+    ``mini_batch_prompts`` groups (``ppo_epochs`` passes, shuffled by ``shuffle_seed``);
+    inside a mini-batch this rank takes every ``world``-th sequence and accumulates over
+    micro-batches. The loss of each micro-batch is divided by the token (or sequence)
+    count of the whole mini-batch across ranks, so the summed gradient does not depend
+    on how the step is split; DDP's averaging is undone by scaling with ``world``.
+
+    ``old_logp=None`` (only when `single_step_on_policy`): π_old is the current policy, so the
+    update's own log-probs, detached, stand in for it; each step's stats then also carry
+    ``entropy`` and ``token_prob_mean`` over the response tokens.
+    """
+    G, Bk, mbp = cfg.rollout.n, batch.num_groups, cfg.train.mini_batch_prompts
+    gen = torch.Generator().manual_seed(shuffle_seed)
+    out = []
+    for _epoch in range(cfg.train.ppo_epochs):
+        order = torch.randperm(Bk, generator=gen).tolist()
+        for s in range(0, Bk, mbp):
+            seqs = [b * G + g for b in order[s:s + mbp] for g in range(G)]            # global indices
+            out.append(_optimizer_step(policy, batch, seqs, old_logp, advantages, loss_mask, cfg))
+    return out
+
+
+def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, loss_mask, cfg: Config) -> StepStats:
+    """One mini-batch (sequences ``seqs``, all ranks together) → gradient accumulation → clip → AdamW."""
+    num_tokens = float(loss_mask[seqs].sum().item())                                   # whole mini-batch
+    num_seqs = float(len(seqs))
+    mine = length_sorted(seqs[p.rank::p.world], batch)
+    p.optimizer.zero_grad(set_to_none=True)
+    sums: dict[str, float] = defaultdict(float)
+    mb = cfg.train.micro_batch_seqs
+    for m0 in range(0, len(mine), mb):
+        totals = _micro_step(p, batch, mine[m0:m0 + mb], old_logp, advantages, loss_mask, cfg, num_tokens, num_seqs)
+        for k, v in totals.items():
+            sums[k] += v
+    sums = _all_reduce_sum(dict(sums), p.world)
+    grad_norm = torch.nn.utils.clip_grad_norm_(p.model.parameters(), cfg.train.grad_clip)
+    finite = math.isfinite(float(grad_norm)) and math.isfinite(sums.get("loss", 0.0))
+    if finite:
+        p.optimizer.step()
+    elif cfg.train.nonfinite == "stop":
+        raise NonFiniteError(f"non-finite loss {sums.get('loss')} / grad norm {float(grad_norm)}; "
+                             f"train.nonfinite=stop (skip would drop such gradient steps); "
+                             f"the last checkpoint is untouched")
+    else:
+        p.optimizer.zero_grad(set_to_none=True)
+    p.scheduler.step()
+    return StepStats.from_sums(sums, grad_norm=float(grad_norm), lr=p.scheduler.get_last_lr()[0],
+                               skipped_step=0.0 if finite else 1.0)
+
+
+def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mask, cfg: Config,
+                num_tokens: float, num_seqs: float) -> dict[str, float]:
+    """Forward + backward of sequences ``idx``; returns their weighted totals (keys in SUM_KEYS)."""
+    prompts, responses = [batch.prompt_ids[i] for i in idx], [batch.response_ids[i] for i in idx]
+    logits, tgt, rmask = response_logits(p.model, prompts, responses, p.pad_id, p.device, p.autocast)
+    l = tgt.shape[1]
+    logp = algo.logprobs_from_logits(logits, tgt)                                      # [n, l]
+    m = loss_mask[idx, :l].to(p.device)                                                # [n, l]
+    old = logp.detach() if old_logp is None else old_logp[idx, :l].to(p.device)      # [n, l]
+    agg, counts = cfg.algo.loss_agg, dict(num_tokens=num_tokens, num_seqs=num_seqs)   # whole mini-batch
+    loss, met = algo.policy_loss(logp, old, advantages[idx].to(p.device), m, eps_low=cfg.algo.clip.eps_low,
+                                 eps_high=cfg.algo.clip.eps_high, dual_clip_c=cfg.algo.clip.dual_clip_c,
+                                 agg=agg, **counts)
+    if cfg.algo.kl.coef > 0 and p.ref_model is not None:
+        with torch.no_grad():
+            ref_logits, ref_tgt, _ = response_logits(p.ref_model, prompts, responses, p.pad_id, p.device, p.autocast)
+            ref_logp = algo.logprobs_from_logits(ref_logits, ref_tgt)
+        kl_term = algo.aggregate(algo.kl_penalty(logp, ref_logp, kind=cfg.algo.kl.estimator), m, agg, **counts)
+        loss = loss + cfg.algo.kl.coef * kl_term
+        met["kl"] = float(kl_term.detach()) * num_tokens / max(float(m.sum()), 1.0)
+    if cfg.algo.entropy_coef > 0:
+        loss = loss - cfg.algo.entropy_coef * algo.aggregate(algo.token_entropy(logits), m, agg, **counts)
+    (loss * p.world).backward()
+    return _totals(met, float(loss.detach()), float(m.sum()), logits, logp, rmask if old_logp is None else None)
+
+
+def _totals(met: dict[str, float], loss: float, w: float, logits, logp, rmask) -> dict[str, float]:
+    """One micro-batch's contribution to the step's sums: each "mean" StepStats field times its weight
+    (w = loss tokens, or the clipped-token count), plus π_old's entropy/probability sums when ``rmask``."""
+    out = {"loss": loss, "tokens": w, "up_clipped_count": met["up_clipped_count"]}
+    for f in fields(StepStats):
+        per = f.metadata["per"]
+        if per in ("tokens", "up_clipped_count") and f.name in met:
+            out[f.name] = met[f.name] * (w if per == "tokens" else met[per])
+    if rmask is not None:   # on-policy single step: π_old = this very forward
+        with torch.no_grad():
+            rm = rmask.to(logp.dtype)
+            out["entropy"] = float((algo.token_entropy(logits.detach()) * rm).sum())
+            out["token_prob_mean"] = float((logp.detach().exp() * rm).sum())
+            out["resp_tokens"] = float(rm.sum())
+    return out
+
+
+def _all_reduce_sum(d: dict[str, float], world: int) -> dict[str, float]:
+    """Sum the totals over ranks (keys: SUM_KEYS; a key any rank has is kept)."""
+    if world == 1:
+        return d
+    import torch.distributed as dist
+    t = torch.tensor([d.get(k, 0.0) for k in SUM_KEYS], dtype=torch.float64)
+    dist.all_reduce(t)
+    return {k: float(v) for k, v in zip(SUM_KEYS, t.tolist()) if k in d or float(v) != 0.0}
