@@ -18,8 +18,8 @@ from dapo.config import Config
 if TYPE_CHECKING:
     from dapo.rollout import RolloutBatch
 
-__all__ = ["pack", "response_logits", "length_sorted", "response_mask", "response_loss_mask",
-           "single_step_on_policy", "old_logprobs"]
+__all__ = ["pack", "response_logits", "logit_temperature", "token_logprobs", "token_entropy", "length_sorted",
+           "response_mask", "response_loss_mask", "single_step_on_policy", "old_logprobs"]
 
 
 def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int, device):
@@ -59,6 +59,24 @@ def response_logits(model, prompt_ids, response_ids, pad_id, device, autocast: b
     return logits[:, :L].float(), targets, resp_mask
 
 
+def logit_temperature(cfg: Config) -> float:
+    """T of π(·) = softmax(logits / T): the rollouts' sampling temperature, so that the trainer's
+    log-probs are those of the distribution the responses were sampled from (verl does the same).
+    Greedy rollouts (T = 0) have no such distribution; their log-probs are taken at T = 1."""
+    t = cfg.rollout.temperature
+    return t if t > 0 else 1.0
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / T)[target]. logits: [n, L, V]; targets: [n, L] -> [n, L] float32."""
+    return algo.logprobs_from_logits(logits if temperature == 1.0 else logits / temperature, targets)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / T) at each position. logits: [n, L, V] -> [n, L] float32."""
+    return algo.token_entropy(logits if temperature == 1.0 else logits / temperature)
+
+
 def length_sorted(idx: list[int], batch: RolloutBatch) -> list[int]:
     """``idx`` ordered by response length, then prompt length (longest first), so that each
     micro-batch pads to similar lengths. Sums over a mini-batch do not depend on the order."""
@@ -94,7 +112,7 @@ def single_step_on_policy(cfg: Config, num_groups: int) -> bool:
 
 @torch.no_grad()
 def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, autocast: bool):
-    """π_old log-probs, entropy and token probability of every response token.
+    """π_old log-probs and entropy of every response token, at the rollout temperature.
 
     Returns logp [N, L], entropy [N, L], resp_mask [N, L] (padded to the batch's max L).
     """
@@ -103,7 +121,7 @@ def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, a
     logp = torch.zeros(N, L)
     ent = torch.zeros(N, L)
     mask = torch.zeros(N, L)
-    mb = cfg.train.micro_batch_seqs
+    mb, T = cfg.train.micro_batch_seqs, logit_temperature(cfg)
     was_training = model.training
     model.eval()
     order = length_sorted(list(range(N)), batch)
@@ -111,10 +129,10 @@ def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, a
         idx = order[s:s + mb]
         logits, tgt, m = response_logits(model, [batch.prompt_ids[i] for i in idx],
                                          [batch.response_ids[i] for i in idx], pad_id, device, autocast)
-        lp = algo.logprobs_from_logits(logits, tgt)
+        lp = token_logprobs(logits, tgt, T)
         l = lp.shape[1]
         logp[idx, :l] = lp.cpu()
-        ent[idx, :l] = algo.token_entropy(logits).cpu()
+        ent[idx, :l] = token_entropy(logits, T).cpu()
         mask[idx, :l] = m.cpu()
     model.train(was_training)
     return logp, ent, mask

@@ -19,7 +19,7 @@ import torch
 
 from dapo import algo
 from dapo.config import Config
-from dapo.logprobs import length_sorted, response_logits
+from dapo.logprobs import length_sorted, logit_temperature, response_logits, token_entropy, token_logprobs
 
 __all__ = ["Policy", "build_policy", "update_policy", "StepStats", "NonFiniteError", "mean_metrics",
            "old_policy_metrics", "bf16_autocast"]
@@ -213,9 +213,10 @@ def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mas
                 num_tokens: float, num_seqs: float) -> dict[str, float]:
     """Forward + backward of sequences ``idx``; returns their weighted totals (keys in SUM_KEYS)."""
     prompts, responses = [batch.prompt_ids[i] for i in idx], [batch.response_ids[i] for i in idx]
+    T = logit_temperature(cfg)                                                         # π = softmax(z / T)
     logits, tgt, rmask = response_logits(p.model, prompts, responses, p.pad_id, p.device, p.autocast)
     l = tgt.shape[1]
-    logp = algo.logprobs_from_logits(logits, tgt)                                      # [n, l]
+    logp = token_logprobs(logits, tgt, T)                                              # [n, l]
     m = loss_mask[idx, :l].to(p.device)                                                # [n, l]
     old = logp.detach() if old_logp is None else old_logp[idx, :l].to(p.device)      # [n, l]
     agg, counts = cfg.algo.loss_agg, dict(num_tokens=num_tokens, num_seqs=num_seqs)   # whole mini-batch
@@ -225,30 +226,30 @@ def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mas
     if cfg.algo.kl.coef > 0 and p.ref_model is not None:
         with torch.no_grad():
             ref_logits, ref_tgt, _ = response_logits(p.ref_model, prompts, responses, p.pad_id, p.device, p.autocast)
-            ref_logp = algo.logprobs_from_logits(ref_logits, ref_tgt)
+            ref_logp = token_logprobs(ref_logits, ref_tgt, T)
         kl_term = algo.aggregate(algo.kl_penalty(logp, ref_logp, kind=cfg.algo.kl.estimator), m, agg, **counts)
         loss = loss + cfg.algo.kl.coef * kl_term
         met["kl"] = float(kl_term.detach()) * num_tokens / max(float(m.sum()), 1.0)
     if cfg.algo.entropy_coef > 0:
-        loss = loss - cfg.algo.entropy_coef * algo.aggregate(algo.token_entropy(logits), m, agg, **counts)
+        loss = loss - cfg.algo.entropy_coef * algo.aggregate(token_entropy(logits, T), m, agg, **counts)
     (loss * p.world).backward()
-    return _totals(met, float(loss.detach()), float(m.sum()), logits, logp, rmask if old_logp is None else None)
+    out = _totals(met, float(loss.detach()), float(m.sum()))
+    if old_logp is None:   # on-policy single step: π_old = this very forward; its entropy and probability
+        with torch.no_grad():
+            rm = rmask.to(logp.dtype)
+            out.update(entropy=float((token_entropy(logits.detach(), T) * rm).sum()),
+                       token_prob_mean=float((logp.detach().exp() * rm).sum()), resp_tokens=float(rm.sum()))
+    return out
 
 
-def _totals(met: dict[str, float], loss: float, w: float, logits, logp, rmask) -> dict[str, float]:
+def _totals(met: dict[str, float], loss: float, w: float) -> dict[str, float]:
     """One micro-batch's contribution to the step's sums: each "mean" StepStats field times its weight
-    (w = loss tokens, or the clipped-token count), plus π_old's entropy/probability sums when ``rmask``."""
+    (w = loss tokens, or the clipped-token count)."""
     out = {"loss": loss, "tokens": w, "up_clipped_count": met["up_clipped_count"]}
     for f in fields(StepStats):
         per = f.metadata["per"]
         if per in ("tokens", "up_clipped_count") and f.name in met:
             out[f.name] = met[f.name] * (w if per == "tokens" else met[per])
-    if rmask is not None:   # on-policy single step: π_old = this very forward
-        with torch.no_grad():
-            rm = rmask.to(logp.dtype)
-            out["entropy"] = float((algo.token_entropy(logits.detach()) * rm).sum())
-            out["token_prob_mean"] = float((logp.detach().exp() * rm).sum())
-            out["resp_tokens"] = float(rm.sum())
     return out
 
 

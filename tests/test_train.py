@@ -200,6 +200,57 @@ def test_single_step_on_policy_skips_old_logprobs_with_the_same_update():
         assert any(float(d.abs().max()) > 0 for d in delta.values())
 
 
+class FixedLogits(torch.nn.Module):
+    """A stand-in policy whose logits are ``z`` at every position (plus a trainable 0, for the update)."""
+
+    def __init__(self, z):
+        super().__init__()
+        self.z, self.zero = torch.tensor(z), torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, input_ids, logits_to_keep, **_):
+        from types import SimpleNamespace
+        return SimpleNamespace(logits=(self.z + self.zero).expand(input_ids.shape[0], logits_to_keep, -1))
+
+
+def _one_sequence_batch(response):
+    return RolloutBatch([[1]], [response], torch.ones(1, dtype=torch.bool), torch.ones(1, 1, dtype=torch.bool),
+                        torch.ones(1, 1), torch.zeros(1, 1))
+
+
+def test_trainer_logprobs_and_entropy_use_the_rollout_temperature():
+    """π = softmax(z / T) with T = rollout.temperature. By hand, z = (1, 2, 3), T = 2: z/T = (.5, 1, 1.5),
+    logsumexp = ln(e^.5 + e^1 + e^1.5) = 2.1802697, so log π(0) = .5 - 2.1802697 = -1.6802697,
+    log π(2) = 1.5 - 2.1802697 = -0.6802697, entropy -Σ π ln π = 1.0201913."""
+    model, batch = FixedLogits([1.0, 2.0, 3.0]), _one_sequence_batch([0, 2])
+    logp, ent, mask = old_logprobs(model, batch, _cfg(**{"rollout.temperature": 2.0}), 0, torch.device("cpu"), False)
+    assert logp[0].tolist() == pytest.approx([-1.6802697, -0.6802697], abs=1e-6)
+    assert ent[0].tolist() == pytest.approx([1.0201913] * 2, abs=1e-6)
+    # T = 1: z itself; ln(e + e^2 + e^3) = 3.4076059, so log π(0) = -2.4076059, log π(2) = -0.4076059
+    logp1, _, _ = old_logprobs(model, batch, _cfg(), 0, torch.device("cpu"), False)
+    assert logp1[0].tolist() == pytest.approx([-2.4076059, -0.4076059], abs=1e-6)
+    # greedy rollouts (T = 0) have no sampling distribution: read as T = 1
+    logp0, _, _ = old_logprobs(model, batch, _cfg(**{"rollout.temperature": 0.0}), 0, torch.device("cpu"), False)
+    assert logp0.tolist() == logp1.tolist()
+
+
+@pytest.mark.parametrize("old_temperature, ratio_is_one", [(0.7, True), (1.0, False)])
+def test_the_update_uses_the_rollout_temperature_like_the_old_logprobs(old_temperature, ratio_is_one):
+    """A first optimizer step sees π_θ = π_old, so every ratio is 1 — only if the update reads log-probs at
+    the same temperature as the old log-probs (rollout.temperature = 0.7 here)."""
+    from dapo import algo
+    ov = {"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4, "train.micro_batch_seqs": 4,
+          "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false"}
+    model, batch = _tiny_policy(2), _random_batch(seed=4)
+    old, _, mask = old_logprobs(model, batch, _cfg(**ov, **{"rollout.temperature": old_temperature}), 0,
+                                torch.device("cpu"), False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    steps = update_policy(Policy(model, opt, sched, torch.device("cpu")), batch, old,
+                          algo.group_advantages(batch.rewards).reshape(-1), mask, _cfg(**ov, **{"rollout.temperature": 0.7}))
+    assert (steps[0].ratio_mean == pytest.approx(1.0, abs=1e-6)) is ratio_is_one
+    assert (steps[0].approx_kl == pytest.approx(0.0, abs=1e-9)) is ratio_is_one
+
+
 def test_length_sorted_micro_batches_pad_less():
     from dapo.logprobs import length_sorted
     batch = _random_batch(seed=5)
