@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     if set(stores) - set(STORES):
         ap.error(f"--stores: unknown {sorted(set(stores) - set(STORES))}; choose from {', '.join(STORES)}")
     from dapo.mlflow_server import start_server
+    load_start = os.getloadavg()[0]
     rows = []
     env = {**os.environ, "DAPO_MLFLOW_RETRIES": "20", "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory(prefix="bench-tracking-") as tmp:
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.out).write_text(
             f"# Tracking at sweep scale ({time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}, commit {commit})\n\n"
             f"`{cmd.strip()}` on {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-            f"load before {os.getloadavg()[0]:.1f}\n\n{text}\n")
+            f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end\n\n{text}\n")
     return 0 if all(r["points_ok"] for r in rows) else 1
 
 
