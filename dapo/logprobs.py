@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from dapo.rollout import RolloutBatch
 
 __all__ = ["pack", "response_logits", "logit_temperature", "token_logprobs", "token_entropy", "length_sorted",
-           "response_mask", "response_loss_mask", "single_step_on_policy", "old_logprobs"]
+           "micro_batches", "response_mask", "response_loss_mask", "single_step_on_policy", "old_logprobs"]
 
 
 def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int, device):
@@ -83,6 +83,31 @@ def length_sorted(idx: list[int], batch: RolloutBatch) -> list[int]:
     return sorted(idx, key=lambda i: (-len(batch.response_ids[i]), -len(batch.prompt_ids[i]), i))
 
 
+def micro_batches(idx: list[int], batch: RolloutBatch, cfg: Config) -> list[list[int]]:
+    """Split ``idx`` (length-sorted, see `length_sorted`) into consecutive forward/backward micro-batches.
+
+    ``train.max_tokens_per_micro_batch`` unset: ``train.micro_batch_seqs`` sequences each. Set: each
+    micro-batch takes sequences while its padded size n · (longest prompt + longest response) stays
+    within the budget (a sequence longer than the budget goes alone), so memory follows tokens, not
+    sequence counts, and length sorting keeps the padding small.
+    """
+    budget = cfg.train.max_tokens_per_micro_batch
+    if budget is None:
+        mb = cfg.train.micro_batch_seqs
+        return [idx[s:s + mb] for s in range(0, len(idx), mb)]
+    out: list[list[int]] = []
+    cur: list[int] = []
+    P = L = 0                                  # the current micro-batch's padded prompt / response length
+    for i in idx:
+        p, l = len(batch.prompt_ids[i]), max(len(batch.response_ids[i]), 1)
+        if cur and (len(cur) + 1) * (max(P, p) + max(L, l)) > budget:
+            out.append(cur)
+            cur, P, L = [], 0, 0
+        cur.append(i)
+        P, L = max(P, p), max(L, l)
+    return out + [cur] if cur else out
+
+
 def response_mask(batch: RolloutBatch) -> torch.Tensor:
     """[N, L] with 1 on each response's real tokens (L = the batch's longest response)."""
     N = len(batch.response_ids)
@@ -121,12 +146,10 @@ def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, a
     logp = torch.zeros(N, L)
     ent = torch.zeros(N, L)
     mask = torch.zeros(N, L)
-    mb, T = cfg.train.micro_batch_seqs, logit_temperature(cfg)
+    T = logit_temperature(cfg)
     was_training = model.training
     model.eval()
-    order = length_sorted(list(range(N)), batch)
-    for s in range(0, N, mb):
-        idx = order[s:s + mb]
+    for idx in micro_batches(length_sorted(list(range(N)), batch), batch, cfg):
         logits, tgt, m = response_logits(model, [batch.prompt_ids[i] for i in idx],
                                          [batch.response_ids[i] for i in idx], pad_id, device, autocast)
         lp = token_logprobs(logits, tgt, T)

@@ -19,7 +19,8 @@ import torch
 
 from dapo import algo
 from dapo.config import Config
-from dapo.logprobs import length_sorted, logit_temperature, response_logits, token_entropy, token_logprobs
+from dapo.logprobs import (length_sorted, logit_temperature, micro_batches, response_logits, token_entropy,
+                           token_logprobs)
 
 __all__ = ["Policy", "build_policy", "update_policy", "StepStats", "NonFiniteError", "mean_metrics",
            "old_policy_metrics", "bf16_autocast"]
@@ -188,9 +189,8 @@ def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, los
     mine = length_sorted(seqs[p.rank::p.world], batch)
     p.optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = defaultdict(float)
-    mb = cfg.train.micro_batch_seqs
-    for m0 in range(0, len(mine), mb):
-        totals = _micro_step(p, batch, mine[m0:m0 + mb], old_logp, advantages, loss_mask, cfg, num_tokens, num_seqs)
+    for idx in micro_batches(mine, batch, cfg):
+        totals = _micro_step(p, batch, idx, old_logp, advantages, loss_mask, cfg, num_tokens, num_seqs)
         for k, v in totals.items():
             sums[k] += v
     sums = _all_reduce_sum(dict(sums), p.world)

@@ -134,11 +134,12 @@ def _random_batch(G=4, B=4, seed=0):
                         torch.zeros(B, G))
 
 
-def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0):
+def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0, budget=None):
     from dapo import algo
     cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4,
                   "train.micro_batch_seqs": micro, "algo.loss_agg": agg, "train.lr": 1e-2,
-                  "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false"})
+                  "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false",
+                  **({} if budget is None else {"train.max_tokens_per_micro_batch": budget})})
     model = _tiny_policy(seed)
     batch = _random_batch()
     old, _, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
@@ -160,6 +161,41 @@ def test_token_mean_update_is_invariant_to_micro_batch_split(micro):
     assert steps[0].loss == pytest.approx(ref_steps[0].loss, rel=1e-5, abs=1e-7)
     for k in ref_delta:
         torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("budget", [1, 12, 25, 40, 10_000])
+def test_token_budget_micro_batches_give_the_same_update(budget):
+    """train.max_tokens_per_micro_batch splits by padded tokens instead of sequence counts (budget 1: one
+    sequence per forward; 10 000: the whole mini-batch at once): the update must not change."""
+    ref_steps, ref_delta = _one_update(16)
+    steps, delta = _one_update(16, budget=budget)
+    assert steps[0].loss == pytest.approx(ref_steps[0].loss, rel=1e-5, abs=1e-7)
+    for k in ref_delta:
+        torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
+
+
+def test_token_budget_micro_batches_fill_greedily_by_padded_size():
+    from dapo.logprobs import length_sorted, micro_batches
+    # prompts of 2 tokens, responses of 6, 4, 3, 1: padded sizes n·(2 + longest response)
+    batch = RolloutBatch([[5, 5]] * 4, [[7] * 6, [7] * 4, [7] * 3, [7]], torch.ones(4, dtype=torch.bool),
+                         torch.ones(1, 4, dtype=torch.bool), torch.ones(1, 4), torch.zeros(1, 4))
+    order = length_sorted([3, 2, 1, 0], batch)
+    assert order == [0, 1, 2, 3]
+    cfg = lambda b: _cfg(**{"train.max_tokens_per_micro_batch": b, "train.micro_batch_seqs": 1})
+    assert micro_batches(order, batch, cfg(16)) == [[0, 1], [2, 3]]        # 2·8 = 16; then 2·5 = 10
+    assert micro_batches(order, batch, cfg(10)) == [[0], [1], [2, 3]]      # 2·8 > 10, 2·6 > 10, 2·5 = 10
+    assert micro_batches(order, batch, cfg(9)) == [[0], [1], [2], [3]]
+    assert micro_batches(order, batch, cfg(3)) == [[0], [1], [2], [3]]     # longer than the budget: alone
+    assert micro_batches(order, batch, cfg(32)) == [[0, 1, 2, 3]]          # 4·8 = 32
+    assert micro_batches(order, batch, _cfg(**{"train.micro_batch_seqs": 2})) == [[0, 1], [2, 3]]   # no budget
+    big = _random_batch(seed=5)
+    order = length_sorted(list(range(len(big.response_ids))), big)
+    for b in (1, 13, 30, 100):
+        mbs = micro_batches(order, big, cfg(b))
+        assert [i for mb in mbs for i in mb] == order
+        for mb in mbs:
+            pad = len(mb) * (max(len(big.prompt_ids[i]) for i in mb) + max(len(big.response_ids[i]) for i in mb))
+            assert len(mb) == 1 or pad <= b
 
 
 def _on_policy_update(use_none: bool, micro: int = 4):
