@@ -8,9 +8,10 @@ V vocabulary.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from dapo import algo
 from dapo.config import Config
@@ -18,7 +19,7 @@ from dapo.config import Config
 if TYPE_CHECKING:
     from dapo.rollout import RolloutBatch
 
-__all__ = ["pack", "response_logits", "logit_temperature", "token_logprobs", "token_entropy", "length_sorted",
+__all__ = ["pack", "response_logits", "logit_temperature", "logit_options", "token_logprobs", "token_entropy", "length_sorted",
            "micro_batches", "response_mask", "response_loss_mask", "single_step_on_policy", "old_logprobs"]
 
 
@@ -48,7 +49,8 @@ def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int
 def response_logits(model, prompt_ids, response_ids, pad_id, device, autocast: bool):
     """Forward → logits at the positions that predict each response token.
 
-    Returns logits [n, L, V] (float32), targets [n, L], resp_mask [n, L].
+    Returns logits [n, L, V] in the model's output dtype (bf16 under autocast; a view, no copy),
+    targets [n, L], resp_mask [n, L]. Read them with `token_logprobs` / `token_entropy`.
     """
     ids, att, pos, targets, resp_mask, P = pack(prompt_ids, response_ids, pad_id, device)
     L = targets.shape[1]
@@ -56,7 +58,7 @@ def response_logits(model, prompt_ids, response_ids, pad_id, device, autocast: b
         # only the L+1 last positions (P-1 .. P+L-1) need the vocabulary projection
         logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False,
                        logits_to_keep=L + 1).logits
-    return logits[:, :L].float(), targets, resp_mask
+    return logits[:, :L], targets, resp_mask
 
 
 def logit_temperature(cfg: Config) -> float:
@@ -67,14 +69,53 @@ def logit_temperature(cfg: Config) -> float:
     return t if t > 0 else 1.0
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / T)[target]. logits: [n, L, V]; targets: [n, L] -> [n, L] float32."""
-    return algo.logprobs_from_logits(logits if temperature == 1.0 else logits / temperature, targets)
+def logit_options(cfg: Config) -> dict[str, Any]:
+    """The keyword arguments of `token_logprobs` / `token_entropy` a config asks for."""
+    return {"temperature": logit_temperature(cfg), "chunk_tokens": cfg.train.logits_chunk_tokens}
 
 
-def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of softmax(logits / T) at each position. logits: [n, L, V] -> [n, L] float32."""
-    return algo.token_entropy(logits if temperature == 1.0 else logits / temperature)
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                   chunk_tokens: Optional[int] = None) -> torch.Tensor:
+    """log softmax(logits / T)[target]. logits: [n, L, V] (any float dtype); targets: [n, L] -> [n, L] float32.
+
+    Computed in float32 ``chunk_tokens`` positions at a time (None: all at once), see `_by_positions`.
+    """
+    return _by_positions(_logprob_chunk, logits, targets, temperature=temperature, chunk_tokens=chunk_tokens)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_tokens: Optional[int] = None) -> torch.Tensor:
+    """Entropy of softmax(logits / T) at each position. logits: [n, L, V] -> [n, L] float32 (chunked likewise)."""
+    return _by_positions(_entropy_chunk, logits, temperature=temperature, chunk_tokens=chunk_tokens)
+
+
+def _logprob_chunk(z: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    z = z.float()                                                                      # [n, c, V] float32
+    return algo.logprobs_from_logits(z if temperature == 1.0 else z / temperature, ids)
+
+
+def _entropy_chunk(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    z = z.float()                                                                      # [n, c, V] float32
+    return algo.token_entropy(z if temperature == 1.0 else z / temperature)
+
+
+def _by_positions(fn, logits: torch.Tensor, *extra: torch.Tensor, temperature: float,
+                  chunk_tokens: Optional[int]) -> torch.Tensor:
+    """fn over chunks of c = chunk_tokens // n positions: logits [n, L, V], extra [n, L] -> [n, L].
+
+    Only one chunk's float32 copy [n, c, V] exists at a time (the logits stay in the model's dtype),
+    and with autograd each chunk is checkpointed: the backward recomputes it instead of keeping a
+    float32 [n, L, V] alive. Positions are independent, so the result does not depend on c.
+    """
+    n, L = logits.shape[0], logits.shape[1]
+    c = L if chunk_tokens is None else max(1, chunk_tokens // max(n, 1))
+    if c >= L:
+        return fn(logits, *extra, temperature)
+    grad = torch.is_grad_enabled() and logits.requires_grad
+    outs = []
+    for s in range(0, L, c):
+        args = (logits[:, s:s + c], *(e[:, s:s + c] for e in extra))
+        outs.append(checkpoint(fn, *args, temperature, use_reentrant=False) if grad else fn(*args, temperature))
+    return torch.cat(outs, dim=1)
 
 
 def length_sorted(idx: list[int], batch: RolloutBatch) -> list[int]:
@@ -146,16 +187,16 @@ def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, a
     logp = torch.zeros(N, L)
     ent = torch.zeros(N, L)
     mask = torch.zeros(N, L)
-    T = logit_temperature(cfg)
+    opts = logit_options(cfg)
     was_training = model.training
     model.eval()
     for idx in micro_batches(length_sorted(list(range(N)), batch), batch, cfg):
         logits, tgt, m = response_logits(model, [batch.prompt_ids[i] for i in idx],
                                          [batch.response_ids[i] for i in idx], pad_id, device, autocast)
-        lp = token_logprobs(logits, tgt, T)
+        lp = token_logprobs(logits, tgt, **opts)
         l = lp.shape[1]
         logp[idx, :l] = lp.cpu()
-        ent[idx, :l] = token_entropy(logits, T).cpu()
+        ent[idx, :l] = token_entropy(logits, **opts).cpu()
         mask[idx, :l] = m.cpu()
     model.train(was_training)
     return logp, ent, mask

@@ -19,8 +19,7 @@ import torch
 
 from dapo import algo
 from dapo.config import Config
-from dapo.logprobs import (length_sorted, logit_temperature, micro_batches, response_logits, token_entropy,
-                           token_logprobs)
+from dapo.logprobs import length_sorted, logit_options, micro_batches, response_logits, token_entropy, token_logprobs
 
 __all__ = ["Policy", "build_policy", "update_policy", "StepStats", "NonFiniteError", "mean_metrics",
            "old_policy_metrics", "bf16_autocast"]
@@ -213,10 +212,10 @@ def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mas
                 num_tokens: float, num_seqs: float) -> dict[str, float]:
     """Forward + backward of sequences ``idx``; returns their weighted totals (keys in SUM_KEYS)."""
     prompts, responses = [batch.prompt_ids[i] for i in idx], [batch.response_ids[i] for i in idx]
-    T = logit_temperature(cfg)                                                         # π = softmax(z / T)
+    opts = logit_options(cfg)                  # π = softmax(z / rollout.temperature), chunked over positions
     logits, tgt, rmask = response_logits(p.model, prompts, responses, p.pad_id, p.device, p.autocast)
     l = tgt.shape[1]
-    logp = token_logprobs(logits, tgt, T)                                              # [n, l]
+    logp = token_logprobs(logits, tgt, **opts)                                         # [n, l]
     m = loss_mask[idx, :l].to(p.device)                                                # [n, l]
     old = logp.detach() if old_logp is None else old_logp[idx, :l].to(p.device)      # [n, l]
     agg, counts = cfg.algo.loss_agg, dict(num_tokens=num_tokens, num_seqs=num_seqs)   # whole mini-batch
@@ -226,18 +225,18 @@ def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mas
     if cfg.algo.kl.coef > 0 and p.ref_model is not None:
         with torch.no_grad():
             ref_logits, ref_tgt, _ = response_logits(p.ref_model, prompts, responses, p.pad_id, p.device, p.autocast)
-            ref_logp = token_logprobs(ref_logits, ref_tgt, T)
+            ref_logp = token_logprobs(ref_logits, ref_tgt, **opts)
         kl_term = algo.aggregate(algo.kl_penalty(logp, ref_logp, kind=cfg.algo.kl.estimator), m, agg, **counts)
         loss = loss + cfg.algo.kl.coef * kl_term
         met["kl"] = float(kl_term.detach()) * num_tokens / max(float(m.sum()), 1.0)
     if cfg.algo.entropy_coef > 0:
-        loss = loss - cfg.algo.entropy_coef * algo.aggregate(token_entropy(logits, T), m, agg, **counts)
+        loss = loss - cfg.algo.entropy_coef * algo.aggregate(token_entropy(logits, **opts), m, agg, **counts)
     (loss * p.world).backward()
     out = _totals(met, float(loss.detach()), float(m.sum()))
     if old_logp is None:   # on-policy single step: π_old = this very forward; its entropy and probability
         with torch.no_grad():
             rm = rmask.to(logp.dtype)
-            out.update(entropy=float((token_entropy(logits.detach(), T) * rm).sum()),
+            out.update(entropy=float((token_entropy(logits.detach(), **opts) * rm).sum()),
                        token_prob_mean=float((logp.detach().exp() * rm).sum()), resp_tokens=float(rm.sum()))
     return out
 

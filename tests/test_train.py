@@ -134,12 +134,13 @@ def _random_batch(G=4, B=4, seed=0):
                         torch.zeros(B, G))
 
 
-def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0, budget=None):
+def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0, budget=None, chunk=None):
     from dapo import algo
     cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4,
                   "train.micro_batch_seqs": micro, "algo.loss_agg": agg, "train.lr": 1e-2,
                   "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false",
-                  **({} if budget is None else {"train.max_tokens_per_micro_batch": budget})})
+                  **({} if budget is None else {"train.max_tokens_per_micro_batch": budget}),
+                  **({} if chunk is None else {"train.logits_chunk_tokens": chunk})})
     model = _tiny_policy(seed)
     batch = _random_batch()
     old, _, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
@@ -172,6 +173,15 @@ def test_token_budget_micro_batches_give_the_same_update(budget):
     assert steps[0].loss == pytest.approx(ref_steps[0].loss, rel=1e-5, abs=1e-7)
     for k in ref_delta:
         torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 24])
+def test_logits_chunking_leaves_the_update_unchanged(chunk):
+    ref_steps, ref_delta = _one_update(4)
+    steps, delta = _one_update(4, chunk=chunk)
+    assert steps[0].loss == pytest.approx(ref_steps[0].loss, rel=1e-6, abs=1e-8)
+    for k in ref_delta:
+        torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-5, atol=1e-7)
 
 
 def test_token_budget_micro_batches_fill_greedily_by_padded_size():
@@ -285,6 +295,55 @@ def test_the_update_uses_the_rollout_temperature_like_the_old_logprobs(old_tempe
                           algo.group_advantages(batch.rewards).reshape(-1), mask, _cfg(**ov, **{"rollout.temperature": 0.7}))
     assert (steps[0].ratio_mean == pytest.approx(1.0, abs=1e-6)) is ratio_is_one
     assert (steps[0].approx_kl == pytest.approx(0.0, abs=1e-9)) is ratio_is_one
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_logprobs_and_entropy_equal_the_unchunked_ones(dtype, temperature):
+    """train.logits_chunk_tokens: log-probs and entropy computed a few positions at a time (float32 per
+    chunk, from bf16 or fp32 logits) equal the all-at-once values, and so do their gradients."""
+    from dapo.logprobs import token_entropy, token_logprobs
+    g = torch.Generator().manual_seed(0)
+    base = (torch.randn(3, 7, 11, generator=g) * 3).to(dtype)                # [n, L + 1, V] like a forward
+    tgt = torch.randint(0, 11, (3, 6), generator=g)
+    w = torch.randn(3, 6, generator=g)
+
+    def run(chunk):
+        x = base.clone().requires_grad_(True)
+        logits = x[:, :6]                                                     # [n, L, V] view, as response_logits
+        lp = token_logprobs(logits, tgt, temperature, chunk)
+        ent = token_entropy(logits, temperature, chunk)
+        ((lp * w).sum() + (ent * w).sum()).backward()
+        return lp.detach(), ent.detach(), x.grad
+
+    ref = run(None)
+    assert ref[0].dtype == torch.float32 and ref[1].shape == (3, 6)
+    for chunk in (1, 3, 4, 9, 17, 10_000):                                    # 1..6 positions per chunk
+        for a, b in zip(run(chunk), ref):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_chunked_logprobs_keep_no_float32_copy_of_all_logits_for_the_backward():
+    """What autograd saves between forward and backward: the unchunked path keeps float32 [n·L, V]
+    (the logsumexp input); chunked, no saved float32 tensor is larger than one chunk."""
+    from dapo.logprobs import token_logprobs
+    n, L, V = 4, 8, 16
+    logits = torch.randn(n, L + 1, V, dtype=torch.bfloat16, requires_grad=True)[:, :L]
+    tgt = torch.randint(0, V, (n, L))
+
+    def largest_saved_fp32(chunk):
+        sizes = [0]
+
+        def pack_hook(t):
+            if t.dtype == torch.float32:
+                sizes.append(t.numel())
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t):
+            token_logprobs(logits, tgt, 1.0, chunk).sum().backward()
+        return max(sizes)
+
+    assert largest_saved_fp32(None) >= n * L * V
+    assert largest_saved_fp32(2 * n) <= 2 * n * V                             # 2 positions × n sequences
 
 
 def test_length_sorted_micro_batches_pad_less():
