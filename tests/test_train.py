@@ -134,10 +134,13 @@ def _random_batch(G=4, B=4, seed=0):
                         torch.zeros(B, G))
 
 
-def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0, budget=None, chunk=None):
+def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0, budget=None, chunk=None, wrap=None):
+    """One optimizer step of a tiny policy on a fixed batch: (StepStats list, parameter deltas).
+    ``wrap``: e.g. DistributedDataParallel, for the update to go through (rank ``rank`` of ``world``)."""
     from dapo import algo
     cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4,
                   "train.micro_batch_seqs": micro, "algo.loss_agg": agg, "train.lr": 1e-2,
+                  "launch.num_processes": world,
                   "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false",
                   **({} if budget is None else {"train.max_tokens_per_micro_batch": budget}),
                   **({} if chunk is None else {"train.logits_chunk_tokens": chunk})})
@@ -146,10 +149,11 @@ def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0, budget=None, c
     old, _, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
     old = old - 0.05  # a stale policy, so ratios differ from 1 and clipping can act
     adv = algo.group_advantages(batch.rewards).reshape(-1)
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    trained = model if wrap is None else wrap(model)
+    opt = torch.optim.SGD(trained.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    steps = update_policy(Policy(model, opt, sched, torch.device("cpu"), rank=rank, world=world),
+    steps = update_policy(Policy(trained, opt, sched, torch.device("cpu"), rank=rank, world=world),
                           batch, old, adv, mask, cfg)
     delta = {k: (model.state_dict()[k] - before[k]) for k in before}
     return steps, delta
@@ -360,24 +364,9 @@ def _dist_worker(rank, world, port, out_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
-    from dapo import algo
-    cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4,
-                  "train.micro_batch_seqs": 2, "launch.num_processes": world, "train.lr": 1e-2,
-                  "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false"})
-    model = _tiny_policy(0)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    batch = _random_batch()
-    old, _, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
-    old = old - 0.05
-    adv = algo.group_advantages(batch.rewards).reshape(-1)
-    opt = torch.optim.SGD(ddp.parameters(), lr=1.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    steps = update_policy(Policy(ddp, opt, sched, torch.device("cpu"), rank=rank, world=world),
-                          batch, old, adv, mask, cfg)
+    steps, delta = _one_update(2, world=world, rank=rank, wrap=torch.nn.parallel.DistributedDataParallel)
     if rank == 0:
-        torch.save({"loss": steps[0].loss,
-                    "delta": {k: model.state_dict()[k] - before[k] for k in before}}, out_path)
+        torch.save({"loss": steps[0].loss, "delta": delta}, out_path)
     dist.destroy_process_group()
 
 
