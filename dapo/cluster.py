@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dapo.config import ConfigError
+from dapo.config import ConfigError, show
 from dapo.yaml_checks import REPO_ROOT, check_int, check_mapping, check_name, check_number, yaml_mapping_file
 
 if TYPE_CHECKING:
@@ -88,7 +89,8 @@ def _local_default() -> dict:
 
 
 def load_profile(name: str | os.PathLike) -> ClusterProfile:
-    """``--cluster NAME`` → ``slurm/NAME.yaml`` (repo root, then cwd) or a path to a YAML file.
+    """``--cluster NAME`` → ``slurm/NAME.yaml`` (the current directory first, then the repo root of
+    this package) or a path to a YAML file.
 
     ``local`` without a file falls back to an embedded default (this machine, LocalExecutor).
     Every value that reaches a job script is checked here.
@@ -100,7 +102,7 @@ def load_profile(name: str | os.PathLike) -> ClusterProfile:
             raise ConfigError(f"{path}: no such cluster profile")
     else:
         check_name(text, "--cluster", "command line")
-        cands = [REPO_ROOT / "slurm" / f"{text}.yaml", Path.cwd() / "slurm" / f"{text}.yaml"]
+        cands = [Path.cwd() / "slurm" / f"{text}.yaml", REPO_ROOT / "slurm" / f"{text}.yaml"]
         path = next((p for p in cands if p.is_file()), None)
         if path is None and text != "local":
             have = sorted(p.stem for p in (REPO_ROOT / "slurm").glob("*.yaml") if p.stem != "accelerate-fsdp")
@@ -111,15 +113,15 @@ def load_profile(name: str | os.PathLike) -> ClusterProfile:
         raw, where = yaml_mapping_file(path), str(path)
     unknown = set(raw) - _PROFILE_KEYS
     if unknown:
-        raise ConfigError(f"{where}: unknown key {sorted(unknown, key=str)[0]!r}; allowed: {', '.join(sorted(_PROFILE_KEYS))}")
+        raise ConfigError(f"{where}: unknown key {show(sorted(unknown, key=str)[0])}; allowed: {', '.join(sorted(_PROFILE_KEYS))}")
     executor = raw.get("executor", "slurm")
     if executor not in ("slurm", "local"):
-        raise ConfigError(f"{where}: executor = {executor!r}: expected slurm or local")
+        raise ConfigError(f"{where}: executor = {show(executor)}: expected slurm or local")
     opt = {k: (check_name(raw[k], k, where) if raw.get(k) is not None else None)
            for k in ("partition", "account", "qos")}
     constraint = raw.get("constraint")
-    if constraint is not None and (not isinstance(constraint, str) or not _CONSTRAINT_RE.match(constraint)):
-        raise ConfigError(f"{where}: constraint = {constraint!r}: expected {_CONSTRAINT_RE.pattern}")
+    if constraint is not None and (not isinstance(constraint, str) or not _CONSTRAINT_RE.fullmatch(constraint)):
+        raise ConfigError(f"{where}: constraint = {show(constraint)}: expected {_CONSTRAINT_RE.pattern}")
     lim = check_mapping(raw.get("limits"), "limits", where)
     if set(lim) - _LIMIT_KEYS:
         raise ConfigError(f"{where}: unknown key limits.{sorted(set(lim) - _LIMIT_KEYS, key=str)[0]}; "
@@ -129,22 +131,27 @@ def load_profile(name: str | os.PathLike) -> ClusterProfile:
             raise ConfigError(f"{where}: limits.{k} is missing")
     setup = raw.get("setup") or []
     if not isinstance(setup, list) or not all(isinstance(s, str) for s in setup):
-        raise ConfigError(f"{where}: setup = {setup!r}: expected a list of strings (one command each)")
+        raise ConfigError(f"{where}: setup = {show(setup)}: expected a list of strings (one command each)")
     for i, line in enumerate(setup):
         if any(c in line for c in "\n\r\0") or not line.strip():
-            raise ConfigError(f"{where}: setup[{i}] = {line!r}: expected one non-empty line")
+            raise ConfigError(f"{where}: setup[{i}] = {show(line)}: expected one non-empty line")
+        try:
+            shlex.split(line)
+        except ValueError as exc:   # an unbalanced quote
+            raise ConfigError(f"{where}: setup[{i}] = {show(line)}: {exc} (one simple command per line; "
+                              f"quote with ' or \" in pairs)") from None
     env = check_mapping(raw.get("env"), "env", where)
     for k, v in env.items():
-        if not isinstance(k, str) or not _ENV_RE.match(k):
-            raise ConfigError(f"{where}: env: {k!r} is not a valid variable name ({_ENV_RE.pattern})")
+        if not isinstance(k, str) or not _ENV_RE.fullmatch(k):
+            raise ConfigError(f"{where}: env: {show(k)} is not a valid variable name ({_ENV_RE.pattern})")
         if not isinstance(v, (str, int, float)) or isinstance(v, bool) or "\0" in str(v):
-            raise ConfigError(f"{where}: env.{k} = {v!r}: expected a string or a number")
+            raise ConfigError(f"{where}: env.{k} = {show(v)}: expected a string or a number")
     gpu_mem = check_number(raw.get("gpu_memory_gib"), "gpu_memory_gib", where, allow_none=True)
     if gpu_mem is not None and gpu_mem <= 0:
-        raise ConfigError(f"{where}: gpu_memory_gib = {gpu_mem!r}: expected a number > 0")
+        raise ConfigError(f"{where}: gpu_memory_gib = {show(gpu_mem)}: expected a number > 0")
     python = raw.get("python")
     if python is not None and (not isinstance(python, str) or any(c in python for c in "\n\r\0") or not python):
-        raise ConfigError(f"{where}: python = {python!r}: expected the path of a python interpreter")
+        raise ConfigError(f"{where}: python = {show(python)}: expected the path of a python interpreter")
     tracking = _tracking_keys(raw, where)
     pname = raw.get("name", path.stem if path else "local")
     return ClusterProfile(
@@ -181,8 +188,8 @@ def _tracking_keys(raw: dict, where: str) -> dict[str, str | None]:
                               f"(tracking_password_file) or an environment variable (tracking_password_env)")
     if out["tracking_password_env"] and out["tracking_password_file"]:
         raise ConfigError(f"{where}: give tracking_password_env or tracking_password_file, not both")
-    if out["tracking_password_env"] and not _ENV_RE.match(out["tracking_password_env"]):
-        raise ConfigError(f"{where}: tracking_password_env = {out['tracking_password_env']!r} is not a valid "
+    if out["tracking_password_env"] and not _ENV_RE.fullmatch(out["tracking_password_env"]):
+        raise ConfigError(f"{where}: tracking_password_env = {show(out['tracking_password_env'])} is not a valid "
                           f"variable name ({_ENV_RE.pattern})")
     if (out["tracking_password_env"] or out["tracking_password_file"]) and not uri:
         raise ConfigError(f"{where}: a tracking password is named but tracking_uri is not set")

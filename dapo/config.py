@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import re
+import reprlib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +34,26 @@ import yaml
 
 __all__ = [
     "ConfigError", "Config", "load_config", "build_config", "parse_overrides",
-    "apply_overrides", "to_dict", "flatten", "config_hash", "field_docs",
+    "apply_overrides", "to_dict", "flatten", "config_hash", "field_docs", "show", "safe_yaml_text",
+    "safe_yaml_file", "MAX_ALIAS_NODES",
 ]
 
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the file, the key and what is allowed."""
+
+
+SHOW_CHARS = 200
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 4, SHOW_CHARS, SHOW_CHARS
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
+
+
+def show(value: Any, limit: int = SHOW_CHARS) -> str:
+    """``repr(value)`` for an error message, at most ``limit`` characters: a user value is never
+    printed whole (reprlib walks at most a few levels and items, so a huge value costs nothing)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING):
@@ -245,7 +260,7 @@ _FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     """Check ``value`` against the annotation ``tp``; return the typed value or raise."""
     def bad(extra: str = "") -> ConfigError:
-        return ConfigError(f"{where}: {key} = {value!r}: expected {_type_name(tp)}{extra}")
+        return ConfigError(f"{where}: {key} = {show(value)}: expected {_type_name(tp)}{extra}")
 
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
@@ -290,7 +305,7 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
             raise bad()
         return value
     if tp is float:
-        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
+        if isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
             value = float(value)  # PyYAML reads `1e-6` (no dot) as a string (YAML 1.1)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad()
@@ -310,7 +325,7 @@ def _build(cls: type, data: dict, prefix: str, where: str) -> Any:
     for k in data:
         if k not in names:
             full = f"{prefix}.{k}" if prefix else str(k)
-            raise ConfigError(f"{where}: unknown key {full!r}; allowed under "
+            raise ConfigError(f"{where}: unknown key {show(full)}; allowed under "
                               f"{prefix or 'the top level'}: {', '.join(sorted(names))}")
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -326,7 +341,7 @@ def _check_ranges(cfg: Config, where: str) -> None:
     """Cross-field and range checks. Pure: reads ``cfg``, raises ConfigError."""
     def need(cond: bool, key: str, value: Any, allowed: str) -> None:
         if not cond:
-            raise ConfigError(f"{where}: {key} = {value!r}: {allowed}")
+            raise ConfigError(f"{where}: {key} = {show(value)}: {allowed}")
 
     c, t, r, a, e = cfg.algo.clip, cfg.train, cfg.rollout, cfg.algo, cfg.eval
     need(0 <= c.eps_low < 1, "algo.clip.eps_low", c.eps_low, "must be in [0, 1)")
@@ -346,12 +361,13 @@ def _check_ranges(cfg: Config, where: str) -> None:
     need(ds.oversample >= 1, "algo.dynamic_sampling.oversample", ds.oversample, "must be >= 1")
     need(ds.gen_batch_prompts is None or ds.gen_batch_prompts >= 1,
          "algo.dynamic_sampling.gen_batch_prompts", ds.gen_batch_prompts, "must be >= 1 or null")
-    need(r.n >= 1, "rollout.n", r.n, "must be >= 1")
-    need(not (ds.enabled and r.n < 2), "rollout.n", r.n, "dynamic sampling needs G >= 2 responses per prompt")
+    need(r.n >= 2, "rollout.n", r.n, "G must be >= 2: the group advantage (R - mean(R)) / (std(R) + eps) of a "
+         "group of one response is 0, so a single response per prompt gives no gradient")
     need(r.temperature >= 0, "rollout.temperature", r.temperature, "must be >= 0")
     need(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "must be in (0, 1]")
     need(r.max_new_tokens >= 1, "rollout.max_new_tokens", r.max_new_tokens, "must be >= 1")
     need(r.retries >= 0, "rollout.retries", r.retries, "must be >= 0")
+    need(0 <= t.seed < 2 ** 32, "train.seed", t.seed, "must be in [0, 2**32) (numpy and torch seeds)")
     need(t.rollout_steps >= 0, "train.rollout_steps", t.rollout_steps, "must be >= 0")
     need(t.batch_prompts >= 1, "train.batch_prompts", t.batch_prompts, "must be >= 1")
     need(t.mini_batch_prompts >= 1, "train.mini_batch_prompts", t.mini_batch_prompts, "must be >= 1")
@@ -408,11 +424,17 @@ def build_config(data: dict, where: str = "<config>") -> Config:
 
 # --------------------------------------------------------------------------- overrides
 def parse_value(text: str) -> Any:
-    """Parse an override's value with YAML rules (``0.28`` → float, ``true`` → bool, ``[a, b]`` → list)."""
+    """Parse an override's value with YAML rules (``0.28`` → float, ``true`` → bool, ``[a, b]`` → list).
+
+    Text that is not YAML stays a string; an alias bomb or a repeated key is an error."""
+    if text == "":
+        return ""
     try:
-        return yaml.safe_load(text) if text != "" else ""
-    except yaml.YAMLError:
-        return text
+        return safe_yaml_text(text, "override value")
+    except ConfigError as exc:
+        if isinstance(exc.__cause__, yaml.YAMLError) and not isinstance(exc.__cause__, _RefusedYaml):
+            return text
+        raise
 
 
 def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -420,11 +442,13 @@ def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. algo.clip.eps_high=0.28")
+            raise ConfigError(f"override {show(item)}: expected KEY=VALUE, e.g. algo.clip.eps_high=0.28")
         k, v = item.split("=", 1)
         k = k.strip()
         if not k:
-            raise ConfigError(f"override {item!r}: empty key")
+            raise ConfigError(f"override {show(item)}: empty key")
+        if k in out:
+            raise ConfigError(f"override {show(k)} is given twice on the command line; give each key once")
         out[k] = parse_value(v)
     return out
 
@@ -451,8 +475,8 @@ def apply_overrides(data: dict, overrides: dict[str, Any], where: str = "<overri
         if key not in known:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
             near = sorted(k for k in known if k.startswith(parent + ".") and k.count(".") == key.count("."))
-            hint = f"; keys under {parent!r}: {', '.join(near)}" if parent and near else ""
-            raise ConfigError(f"{where}: unknown key {key!r}{hint}")
+            hint = f"; keys under {show(parent)}: {', '.join(near)}" if parent and near else ""
+            raise ConfigError(f"{where}: unknown key {show(key)}{hint}")
         node = out
         parts = key.split(".")
         for p in parts[:-1]:
@@ -470,16 +494,94 @@ def _deep_merge(base: dict, top: dict) -> dict:
     return out
 
 
-def safe_yaml_file(path: Path) -> Any:
-    """``yaml.safe_load`` of a file; any way the file can be unreadable is a ConfigError naming it."""
+MAX_ALIAS_NODES = 10_000   # nodes that YAML aliases (*name) may add to a document, expanded
+
+
+class _RefusedYaml(yaml.YAMLError):
+    """Valid YAML this project refuses: an alias bomb, a recursive alias, a repeated key."""
+
+
+def _expanded_nodes(node: yaml.Node, memo: dict[int, int], busy: set[int]) -> int:
+    """Nodes of ``node`` with every alias expanded (memoised per node, so linear in the document)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    if id(node) in busy:
+        raise _RefusedYaml(f"line {node.start_mark.line + 1}: a recursive alias (an anchor used inside itself)")
+    busy.add(id(node))
+    kids: list = []
+    if isinstance(node, yaml.SequenceNode):
+        kids = list(node.value)
+    elif isinstance(node, yaml.MappingNode):
+        kids = [n for pair in node.value for n in pair]
+    n = 1 + sum(_expanded_nodes(k, memo, busy) for k in kids)
+    busy.discard(id(node))
+    memo[id(node)] = n
+    return n
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses alias bombs and repeated mapping keys."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        if node is not None:
+            distinct: set[int] = set()
+            todo = [node]
+            while todo:                       # the document's own nodes, each once
+                n = todo.pop()
+                if id(n) in distinct:
+                    continue
+                distinct.add(id(n))
+                if isinstance(n, yaml.SequenceNode):
+                    todo += n.value
+                elif isinstance(n, yaml.MappingNode):
+                    todo += [x for pair in n.value for x in pair]
+            expanded = _expanded_nodes(node, {}, set())
+            if expanded - len(distinct) > MAX_ALIAS_NODES:
+                raise _RefusedYaml(f"aliases (*name) expand to {expanded} nodes, more than {MAX_ALIAS_NODES} "
+                                   f"beyond the {len(distinct)} written (an alias bomb?)")
+        return node
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                try:
+                    if key in seen:
+                        raise _RefusedYaml(f"line {key_node.start_mark.line + 1}: key {show(key)} is given twice "
+                                           f"in one mapping (first on line {seen[key]}); give each key once")
+                    seen[key] = key_node.start_mark.line + 1
+                except TypeError:   # an unhashable key: SafeConstructor reports it
+                    pass
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_yaml_text(text: str, where: str) -> Any:
+    """``yaml.safe_load`` of ``text`` without alias bombs or repeated keys; a ConfigError naming ``where``."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.load(text, Loader=_Loader)   # noqa: S506 - _Loader is a SafeLoader
+    except RecursionError:
+        raise ConfigError(f"{where}: YAML nested too deeply") from None
+    except _RefusedYaml as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML: {show(str(exc), 400)}") from exc
+
+
+def safe_yaml_file(path: Path) -> Any:
+    """:func:`safe_yaml_text` of a file; any way the file can be unreadable is a ConfigError naming it.
+
+    The one YAML loader of experiments, sweep specs and cluster profiles."""
+    try:
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: YAML nested too deeply") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    return safe_yaml_text(text, str(path))
 
 
 def read_yaml(path: str | Path, _seen: tuple = ()) -> dict:
@@ -497,7 +599,7 @@ def read_yaml(path: str | Path, _seen: tuple = ()) -> dict:
     parent = data.pop("inherit", None)
     if parent is not None:
         if not isinstance(parent, str):
-            raise ConfigError(f"{path}: inherit = {parent!r}: expected a file name")
+            raise ConfigError(f"{path}: inherit = {show(parent)}: expected a file name")
         base = read_yaml(path.parent / parent, _seen + (path.resolve(),))
         data = _deep_merge(base, data)
     return data
@@ -571,6 +673,15 @@ def _get(d: dict, dotted: str, default: Any = None) -> Any:
     return d
 
 
+def _literal_choices(tp: Any) -> tuple:
+    """The allowed values of a ``Literal[...]`` (or ``Optional[Literal[...]]``) annotation, else ()."""
+    if typing.get_origin(tp) is Literal:
+        return typing.get_args(tp)
+    if typing.get_origin(tp) is typing.Union:
+        return tuple(v for a in typing.get_args(tp) for v in _literal_choices(a))
+    return ()
+
+
 def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default, doc) for every field; used by ``dapo config --keys``."""
     rows = []
@@ -582,7 +693,11 @@ def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str
         else:
             default = f.default if f.default is not dataclasses.MISSING else (
                 f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
+            text = f.metadata.get("doc", "")
+            choices = _literal_choices(hints[f.name])
+            if choices:
+                text += f" [one of: {', '.join(map(str, choices))}]"
             rows.append((key, json.dumps(to_dict(default) if dataclasses.is_dataclass(default) else
                                          to_dict(default) if isinstance(default, tuple) else default,
-                                         default=str), f.metadata.get("doc", "")))
+                                         default=str), text))
     return rows

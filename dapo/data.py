@@ -491,10 +491,13 @@ def load_dataset(
     seen: set[str] = set()
     out: list[Example] = []
 
+    line_of = getattr(items, "line_of", None)   # a JSONL file: row i is on line line_of[i]
+
     def bad(i: int, reason: str) -> None:
+        at = f" (line {line_of[i]})" if line_of is not None and i < len(line_of) else ""
         report.add_bad(reason, f"row {i}: {reason}")
         if on_bad == "fail":
-            raise DataError(f"{where}: row {i}: {reason}")
+            raise DataError(f"{where}: row {i}: {reason}{at}; fix the row, or set data.on_bad=drop to skip bad rows")
 
     for i, item in enumerate(generic_rows(items, where, prompt_field, answer_field)):
         report.total += 1

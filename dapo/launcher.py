@@ -37,9 +37,10 @@ import submitit
 
 from dapo.config import ConfigError, build_config, to_dict
 from dapo.cluster import ClusterProfile, check_resources
-from dapo.sweep_spec import Job, Spec, expand
+from dapo.preflight import finished_summary
+from dapo.sweep_spec import Job, Spec, arms, expand
 
-__all__ = ["RunJob", "accelerate_command", "sbatch_parameters", "setup_lines", "submit", "status",
+__all__ = ["RunJob", "accelerate_command", "train_command", "sbatch_parameters", "setup_lines", "submit", "status",
            "cancel", "load_records", "SLURM_ACTIVE"]
 
 # sacct (without --duplicates) shows a job's newest record: a requeued job reads REQUEUED, then
@@ -73,6 +74,27 @@ def accelerate_command(*, python: str, config_path: str, run_dir: str, nodes: in
     if nodes > 1:
         argv += ["--rdzv_backend", "static", "--same_network"]
     return argv + ["-m", "dapo.train", config_path, "--run-dir", run_dir]
+
+
+def _override_text(value: Any) -> str:
+    """An override value as ``dapo train`` reads it back (:func:`dapo.config.parse_value`)."""
+    from dapo.config import parse_value
+    if isinstance(value, str) and parse_value(value) == value:
+        return value
+    return json.dumps(value)   # JSON is YAML flow: numbers, booleans, lists, mappings, quoted strings
+
+
+def train_command(spec: Spec, job: Job, profile: ClusterProfile | None = None) -> list[str]:
+    """The ``dapo train`` argv that runs ``job`` as its array task does: the spec's base experiment,
+    base_overrides, the arm's overrides, the seed and the launcher's keys, in the job's run dir."""
+    arm = next(a for a in arms(spec) if a.name == job.arm)
+    ov: dict[str, Any] = {**spec.base_overrides, **arm.overrides, "train.seed": job.seed,
+                          "logging.sweep": spec.name, "logging.arm": arm.name, "logging.experiment": spec.name,
+                          "output_dir": job.config.output_dir}
+    if profile is not None and profile.tracking_uri and not job.config.logging.tracking_uri:
+        ov["logging.tracking_uri"] = profile.tracking_uri
+    return ["dapo", "train", str(spec.base), *(f"{k}={_override_text(v)}" for k, v in ov.items()),
+            "--run-dir", str(job.run_dir)]
 
 
 def _mem(mem_gb: float) -> str:
@@ -130,8 +152,8 @@ class RunJob(submitit.helpers.Checkpointable):
     def __call__(self) -> dict | None:
         run_dir = Path(self.run_dir)
         done = run_dir / "summary.json"
-        if done.is_file():              # finished by an earlier job: reuse, never rerun
-            return json.loads(done.read_text())
+        if finished_summary(run_dir) is not None:   # finished by an earlier job: reuse, never rerun
+            return finished_summary(run_dir)
         cfg = build_config(self.config, f"{run_dir}/job config")
         env = submitit.JobEnvironment()
         world = cfg.launch.num_nodes * cfg.launch.num_processes
@@ -165,7 +187,7 @@ class RunJob(submitit.helpers.Checkpointable):
         the loop can swallow (the job would go on training with no requeue left).
         """
         path = Path(self.run_dir) / "requeues.json"
-        n = (json.loads(path.read_text())["count"] if path.is_file() else 0) + 1
+        n = _requeue_count(path) + 1
         if n > self.max_requeues:
             reason = (f"preempted or timed out {n} times; max_requeues = {self.max_requeues} reached. "
                       f"The last checkpoint is kept: resubmit the sweep to continue.")
@@ -192,10 +214,47 @@ def _records_path(output: Path, name: str) -> Path:
     return output / "sweeps" / name / "submissions.json"
 
 
+def _read_record(path: Path, what: str) -> Any:
+    """A JSON record file this package wrote; unreadable → one ConfigError naming it and what to do."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{path}: {what} is not readable JSON ({type(exc).__name__}: {str(exc)[:120]}); "
+                          f"move it aside (it is rebuilt from what runs next)") from None
+
+
 def load_records(output: str | os.PathLike, name: str) -> dict:
-    """``<output>/sweeps/<name>/submissions.json`` (empty record if none)."""
+    """``<output>/sweeps/<name>/submissions.json`` (empty record if none; a damaged one is a ConfigError)."""
     p = _records_path(Path(output).resolve(), name)
-    return json.loads(p.read_text()) if p.is_file() else {"sweep": name, "submissions": []}
+    if not p.is_file():
+        return {"sweep": name, "submissions": []}
+    rec = _read_record(p, "the sweep's submission record")
+    ok = isinstance(rec, dict) and isinstance(rec.get("submissions"), list) and all(
+        isinstance(s, dict) and isinstance(s.get("jobs"), list) and isinstance(s.get("executor"), str)
+        and all(isinstance(j, dict) and isinstance(j.get("run_id"), str) for j in s["jobs"])
+        for s in rec["submissions"])
+    if not ok:
+        raise ConfigError(f"{p}: the sweep's submission record has an unexpected shape; move it aside "
+                          f"(it is rebuilt from what runs next)")
+    return rec
+
+
+def _requeue_count(path: Path) -> int:
+    """``requeues.json``'s count (0 when absent; a damaged file is a ConfigError)."""
+    if not path.is_file():
+        return 0
+    data = _read_record(path, "the run's requeue count")
+    if not isinstance(data, dict) or not isinstance(data.get("count"), int):
+        raise ConfigError(f"{path}: expected {{\"count\": N}}; move it aside")
+    return data["count"]
+
+
+def _failure_reason(path: Path) -> str:
+    """``failed.json``'s reason (a damaged file still marks the run failed)."""
+    try:
+        return str(json.loads(path.read_text(encoding="utf-8"))["reason"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return f"failed ({path.name} is damaged)"
 
 
 def _latest_entries(records: dict) -> dict[str, tuple[dict, dict]]:
@@ -303,8 +362,7 @@ def _run_state(job: Job, entry: tuple[dict, dict] | None, slurm: dict[str, str] 
     row: dict[str, Any] = {"arm": job.arm, "seed": job.seed, "run_id": job.run_id, "job_id": None,
                            "state": "not submitted", "detail": "", "requeues": 0, "step": _progress(job),
                            "log": None, "log_tail": None}
-    rq = job.run_dir / "requeues.json"
-    row["requeues"] = json.loads(rq.read_text())["count"] if rq.is_file() else 0
+    row["requeues"] = _requeue_count(job.run_dir / "requeues.json")
     failed = job.run_dir / "failed.json"
     if entry is not None:
         sub, ent = entry
@@ -347,7 +405,7 @@ def _run_state(job: Job, entry: tuple[dict, dict] | None, slurm: dict[str, str] 
             row["detail"] = {"error": "raised an exception", "success": "ended without summary.json"}.get(
                 res, "process ended without a result")
     if failed.is_file() and row["state"] != "running":
-        row["state"], row["detail"] = "failed", json.loads(failed.read_text())["reason"]
+        row["state"], row["detail"] = "failed", _failure_reason(failed)
     if row["state"] == "failed":
         row["log_tail"] = _tail(_log_path(sub, ent))
     return row
@@ -469,7 +527,7 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
                                      folder=folder, map_count=max(len(todo), 1), **params)
         record["script"] = script
         record["jobs"] = [{"run_id": j.run_id, "arm": j.arm, "seed": j.seed, "run_dir": str(j.run_dir),
-                           "job_id": None} for j in todo]
+                           "job_id": None, "command": shlex.join(train_command(spec, j, profile))} for j in todo]
         return record
     if not todo:
         log("nothing to submit: every run is finished or still queued")
@@ -547,18 +605,24 @@ def _run_local(spec, profile, params, folder, todo, entries, save, log, stop: Pa
 def cancel(spec: Spec, output: str | os.PathLike = "runs", log=print) -> list[str]:
     """Cancel the sweep's unfinished jobs (scancel; local: signal the job's controller). Returns job ids."""
     out = Path(output).resolve()
+    records = load_records(out, spec.name)
+    if not records["submissions"]:
+        raise ConfigError(f"sweep {spec.name!r} was never submitted to {out} (no "
+                          f"{_records_path(out, spec.name)}): nothing to cancel; check --output")
     rows = status(spec, out)
-    latest = _latest_entries(load_records(out, spec.name))
+    latest = _latest_entries(records)
     slurm_ids, local_ids = [], []
     for r in rows:
-        if r["state"] not in ("pending", "running", "requeued", "unknown") or not r["job_id"]:
+        if r["state"] not in ("pending", "running", "requeued", "unknown") or not r["job_id"] \
+                or r["run_id"] not in latest:
             continue
         (slurm_ids if latest[r["run_id"]][0]["executor"] == "slurm" else local_ids).append(str(r["job_id"]))
     if slurm_ids:
         proc = subprocess.run(["scancel", *slurm_ids], capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:
             raise RuntimeError(f"scancel {' '.join(slurm_ids)} failed: {proc.stderr.strip()}")
-    if any(latest[r["run_id"]][0]["executor"] == "local" and r["state"] in ("pending", "running") for r in rows):
+    if any(r["run_id"] in latest and latest[r["run_id"]][0]["executor"] == "local"
+           and r["state"] in ("pending", "running") for r in rows):
         (_records_path(out, spec.name).with_name("cancel-requested")).touch()   # the local waiter stops
     for r in rows:
         if str(r["job_id"]) in local_ids:

@@ -18,7 +18,7 @@ from typing import Any
 
 from dapo.prompts import DataError, Example
 
-__all__ = ["ANSWER_FIELDS", "PROMPT_FIELDS", "READERS", "Row", "generic_rows", "get_field", "gsm8k_final",
+__all__ = ["ANSWER_FIELDS", "PROMPT_FIELDS", "READERS", "LineRows", "Row", "generic_rows", "get_field", "gsm8k_final",
            "hf_items", "read_file"]
 
 
@@ -38,21 +38,41 @@ class Row:
     bad: str | None = None
 
 
-def _read_jsonl(path: Path) -> Iterator[Any]:
-    """Yield one parsed object per non-empty line; an unparsable line yields a bad Row."""
-    with path.open("r", encoding="utf-8") as f:
-        for line in f:
+class LineRows(list):
+    """The rows of a JSONL file; ``line_of[i]`` is the 1-based line of row ``i`` (blank lines are skipped)."""
+
+    def __init__(self):
+        super().__init__()
+        self.line_of: list[int] = []
+
+
+def _read_jsonl(path: Path) -> LineRows:
+    """One parsed object per non-empty line; an unparsable or non-UTF-8 line is a bad Row."""
+    rows = LineRows()
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                rows.append(Row(prompt=None, answer=None, bad=f"not UTF-8 text ({e.reason} at byte {e.start} "
+                                                              f"of the line; save the file as UTF-8)"))
+                rows.line_of.append(n)
+                continue
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                yield Row(prompt=None, answer=None, bad=f"invalid JSON ({e.msg})")
+                rows.append(Row(prompt=None, answer=None, bad=f"invalid JSON ({e.msg})"))
+            rows.line_of.append(n)
+    return rows
 
 
 def _read_json(path: Path) -> list[Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8") from None
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e})") from e
     if isinstance(data, list):
@@ -71,7 +91,10 @@ def _read_parquet(path: Path) -> list[Any]:
         import pyarrow.parquet as pq
     except ImportError as e:  # pragma: no cover - pyarrow is a project dependency
         raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from e
-    return pq.read_table(path).to_pylist()
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as e:  # noqa: BLE001 - pyarrow raises its own error types for a damaged file
+        raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 READERS: dict[str, Callable[[Path], Iterable[Any]]] = {

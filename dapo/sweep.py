@@ -22,6 +22,7 @@ from dapo.config import ConfigError, parse_overrides
 from dapo.cluster import ClusterProfile, check_resources, load_profile
 from dapo.plan import check_sweep
 from dapo.sweep_spec import Arm, Job, Spec, arms, expand, load_spec, sweep_info
+from dapo.yaml_checks import check_path
 
 __all__ = ["Arm", "ClusterProfile", "Job", "Spec", "arms", "check_resources", "expand", "load_profile",
            "load_spec", "sweep_info", "main"]
@@ -38,6 +39,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def _spec(args, *, from_records: bool = False) -> Spec:
+    check_path(args.output, "--output", "command line")   # reaches #SBATCH --output=... lines
     extra = parse_overrides(args.set) if args.set else None
     if extra is None and from_records:   # status/cancel: the --set of the latest submission
         from dapo.launcher import load_records
@@ -82,6 +84,10 @@ def cmd_submit(args) -> int:
               f"{len(rec['skipped'])} skipped")
         for j in rec["jobs"]:
             print(f"  {j['arm']:<24} seed {j['seed']:<3} {j['run_id']}  {j['run_dir']}")
+        if rec["jobs"]:
+            print("\nwhat each array task runs (the same as these commands, in-process):")
+            for i, j in enumerate(rec["jobs"]):
+                print(f"  task {i}: {j['command']}")
         print("\nsbatch script (one array; submitit writes the same):\n" + rec["script"])
         return 0
     if rec.get("executor") == "local" and rec["jobs"]:

@@ -53,12 +53,13 @@ from pathlib import Path
 from typing import Any
 
 from dapo.config import (Config, ConfigError, apply_overrides, build_config, config_hash, field_docs, flatten,
-                         read_yaml, to_dict)
+                         read_yaml, show, to_dict)
+from dapo.preflight import check_sources, eval_metric_names, finished_summary
 from dapo.yaml_checks import (NAME_RE, REPO_ROOT, check_int, check_mapping, check_name, check_number, check_text,
                               yaml_mapping_file)
 
 __all__ = ["KINDS", "NAME_RE", "Technique", "Resources", "Spec", "Arm", "Job",
-           "load_spec", "arms", "expand", "sweep_info", "check_name", "REPO_ROOT"]
+           "load_spec", "arms", "expand", "sweep_info", "check_name", "finished_summary", "REPO_ROOT"]
 
 KINDS = ("ladder", "one_at_a_time", "leave_one_out", "grid")
 # Keys the launcher sets itself; a spec may not override them.
@@ -125,8 +126,8 @@ class Job:
 
     @property
     def finished(self) -> bool:
-        """A finished run (its summary.json exists) is reused, never run again."""
-        return (self.run_dir / "summary.json").is_file()
+        """A finished run (a readable summary.json) is reused, never run again."""
+        return finished_summary(self.run_dir) is not None
 
 
 _TOP_KEYS = {"name", "description", "base", "base_overrides", "kind", "techniques", "baseline", "full",
@@ -148,14 +149,14 @@ def _overrides(v: Any, key: str, where: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, val in check_mapping(v, key, where).items():
         if not isinstance(k, str):
-            raise ConfigError(f"{where}: {key}: key {k!r} is not a dotted config key")
+            raise ConfigError(f"{where}: {key}: key {show(k)} is not a dotted config key")
         if k in _SECTIONS and isinstance(val, dict):        # algo.clip: {eps_high: 0.2} → algo.clip.eps_high
             out.update(_overrides({f"{k}.{kk}": vv for kk, vv in val.items()}, key, where))
             continue
         for r in RESERVED_KEYS:
             if k == r or (r == "output_dir" and k.startswith("output_dir")):
                 what = "seeds" if r == "train.seed" else "the launcher (spec name / arm name / --output)"
-                raise ConfigError(f"{where}: {key}: {k!r} is set by {what}; remove it")
+                raise ConfigError(f"{where}: {key}: {show(k)} is set by {what}; remove it")
         apply_overrides({}, {k: val}, where=f"{where}: {key}")  # unknown key → error listing valid ones
         out[k] = val
     return out
@@ -165,7 +166,7 @@ def _technique(v: Any, key: str, where: str, *, need_name: bool = True, default_
     v = check_mapping(v, key, where)
     bad = set(v) - _TECH_KEYS
     if bad:
-        raise ConfigError(f"{where}: unknown key {key}.{sorted(bad, key=str)[0]!s}; allowed: {', '.join(sorted(_TECH_KEYS))}")
+        raise ConfigError(f"{where}: unknown key {key}.{show(sorted(bad, key=str)[0])}; allowed: {', '.join(sorted(_TECH_KEYS))}")
     if need_name and "name" not in v:
         raise ConfigError(f"{where}: {key}.name is missing")
     name = check_name(v.get("name", default_name), f"{key}.name", where)
@@ -175,13 +176,16 @@ def _technique(v: Any, key: str, where: str, *, need_name: bool = True, default_
 
 
 def _resolve_base(base: Any, spec_path: Path) -> Path:
+    """``base:`` relative to the spec's folder, then the current directory, then this package's repo
+    (so a spec in another checkout reads that checkout's experiments, not this one's)."""
     base = check_text(base, "base", str(spec_path))
-    for root in (REPO_ROOT, spec_path.parent, Path.cwd()):
+    roots = (spec_path.parent, Path.cwd(), REPO_ROOT)
+    for root in roots:
         p = (root / base).resolve()
         if p.is_file():
             return p
-    raise ConfigError(f"{spec_path}: base = {base!r}: no such experiment file "
-                      f"(looked relative to the repo root {REPO_ROOT} and to the spec's folder)")
+    raise ConfigError(f"{spec_path}: base = {show(base)}: no such experiment file (looked relative to "
+                      f"{', '.join(str(r.resolve()) for r in roots)})")
 
 
 def _arm_sources(raw: dict, kind: str, where: str) -> tuple[tuple[Technique, ...], Technique | None,
@@ -196,18 +200,18 @@ def _arm_sources(raw: dict, kind: str, where: str) -> tuple[tuple[Technique, ...
             raise ConfigError(f"{where}: grid is empty: give at least one key with a list of values")
         for k, vals in g.items():
             if not isinstance(k, str) or k in _SECTIONS:
-                raise ConfigError(f"{where}: grid.{k}: a grid key must name a single config field")
+                raise ConfigError(f"{where}: grid.{str(k)[:200]}: a grid key must name a single config field")
             _overrides({k: None}, "grid", where)  # a known, non-reserved key
             if not isinstance(vals, list) or not vals:
-                raise ConfigError(f"{where}: grid.{k} = {vals!r}: expected a non-empty list of values")
-            if len({repr(v) for v in vals}) != len(vals):
-                raise ConfigError(f"{where}: grid.{k} = {vals!r}: values repeat")
+                raise ConfigError(f"{where}: grid.{str(k)[:200]} = {show(vals)}: expected a non-empty list of values")
+            if len({repr(v) for v in vals}) != len(vals):   # bounded: alias bombs are refused on load
+                raise ConfigError(f"{where}: grid.{str(k)[:200]} = {show(vals)}: values repeat")
         return (), None, None, tuple((k, tuple(v)) for k, v in g.items())
     if "grid" in raw:
         raise ConfigError(f"{where}: grid: only used by kind grid (this spec is {kind})")
     ts = raw.get("techniques")
     if not isinstance(ts, list) or not ts:
-        raise ConfigError(f"{where}: techniques = {ts!r}: expected a non-empty list of "
+        raise ConfigError(f"{where}: techniques = {show(ts)}: expected a non-empty list of "
                           f"{{name, label, overrides, paper}}")
     techniques = tuple(_technique(t, f"techniques[{i}]", where) for i, t in enumerate(ts))
     for i, t in enumerate(techniques):
@@ -270,14 +274,14 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
     raw = yaml_mapping_file(path)
     unknown = set(raw) - _TOP_KEYS
     if unknown:
-        raise ConfigError(f"{where}: unknown key {sorted(unknown, key=str)[0]!r}; allowed: {', '.join(sorted(_TOP_KEYS))}")
+        raise ConfigError(f"{where}: unknown key {show(sorted(unknown, key=str)[0])}; allowed: {', '.join(sorted(_TOP_KEYS))}")
     for k in ("name", "base", "kind", "seeds", "metric"):
         if k not in raw:
             raise ConfigError(f"{where}: {k} is missing")
     name = check_name(raw["name"], "name", where)
     kind = raw["kind"]
     if kind not in KINDS:
-        raise ConfigError(f"{where}: kind = {kind!r}: expected one of {', '.join(KINDS)}")
+        raise ConfigError(f"{where}: kind = {show(kind)}: expected one of {', '.join(KINDS)}")
     base = _resolve_base(raw["base"], path)
     base_overrides = _overrides(raw.get("base_overrides"), "base_overrides", where)
     if extra_overrides:
@@ -289,8 +293,10 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
         paper[check_name(k, "paper (arm name)", where)] = check_number(v, f"paper.{k}", where, allow_none=True)
     seeds = raw["seeds"]
     if not isinstance(seeds, list) or not seeds:
-        raise ConfigError(f"{where}: seeds = {seeds!r}: expected a non-empty list of integers")
+        raise ConfigError(f"{where}: seeds = {show(seeds)}: expected a non-empty list of integers")
     seeds = tuple(check_int(s, f"seeds[{i}]", where, lo=0) for i, s in enumerate(seeds))
+    if max(seeds) >= 2 ** 32:
+        raise ConfigError(f"{where}: seeds: {max(seeds)} is too large (a seed is in [0, 2**32))")
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"{where}: seeds = {list(seeds)}: a seed repeats")
     metric = check_text(raw["metric"], "metric", where)
@@ -302,7 +308,12 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
                 max_concurrent=check_int(raw.get("max_concurrent", 1), "max_concurrent", where, lo=1),
                 max_requeues=check_int(raw.get("max_requeues", 3), "max_requeues", where, lo=0),
                 description=str(raw.get("description", "")), extra_overrides=dict(extra_overrides or {}))
-    unknown_paper = set(paper) - {a.name for a in arms(spec)}
+    names = [a.name for a in arms(spec)]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise ConfigError(f"{where}: two arms are named {dup!r} (e.g. the baseline and a technique); "
+                          f"arm names must be unique")
+    unknown_paper = set(paper) - set(names)
     if unknown_paper:
         raise ConfigError(f"{where}: paper.{sorted(unknown_paper)[0]}: no such arm "
                           f"(arms: {', '.join(a.name for a in arms(spec))})")
@@ -381,6 +392,10 @@ def _check_arms(spec: Spec) -> None:
             raise ConfigError(f"{spec.path}: arms {seen[h]!r} and {arm.name!r} resolve to the same config "
                               f"(run id {h}); an arm must change something")
         seen[h] = arm.name
+        check_sources(cfg, f"{spec.path}: arm {arm.name!r}")      # data sets, eval sets, model.path exist
+        if spec.metric not in eval_metric_names(cfg):
+            raise ConfigError(f"{spec.path}: metric = {show(spec.metric)}: arm {arm.name!r} does not log it; "
+                              f"its eval metrics: {', '.join(eval_metric_names(cfg))}")
         r, launch = spec.resources, cfg.launch
         want = (r.nodes, r.gpus_per_node) if r.gpus_per_node else (1, 1)
         if (launch.num_nodes, launch.num_processes) != want:

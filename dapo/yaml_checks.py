@@ -11,10 +11,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dapo.config import ConfigError, _coerce, safe_yaml_file
+from dapo.config import ConfigError, _coerce, safe_yaml_file, show
 
-__all__ = ["NAME_RE", "REPO_ROOT", "check_int", "check_mapping", "check_name", "check_number", "check_text",
-           "yaml_mapping_file"]
+__all__ = ["NAME_RE", "REPO_ROOT", "check_int", "check_mapping", "check_name", "check_number", "check_path",
+           "check_text", "yaml_mapping_file"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -30,16 +30,18 @@ def _is(value: Any, tp: Any) -> bool:
 
 
 def check_name(value: Any, key: str, where: str) -> str:
-    """A name that reaches a job script or a path: ``^[A-Za-z0-9._-]+$`` (no spaces, quotes, ``;``, ``$``)."""
-    if not isinstance(value, str) or not NAME_RE.match(value) or value in (".", ".."):
-        raise ConfigError(f"{where}: {key} = {value!r}: expected a name matching {NAME_RE.pattern}")
+    """A name that reaches a job script or a path: ``^[A-Za-z0-9._-]+$`` (no spaces, quotes, ``;``, ``$``).
+
+    A full match: ``re.match`` with ``$`` would accept a trailing newline, which breaks a script's quoting."""
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or value in (".", ".."):
+        raise ConfigError(f"{where}: {key} = {show(value)}: expected a name matching {NAME_RE.pattern}")
     return value
 
 
 def check_int(value: Any, key: str, where: str, lo: int | None = None) -> int:
     """An integer (a config ``int``: bools refused) that is ``>= lo``."""
     if not _is(value, int) or (lo is not None and value < lo):
-        raise ConfigError(f"{where}: {key} = {value!r}: expected an integer" + (f" >= {lo}" if lo is not None else ""))
+        raise ConfigError(f"{where}: {key} = {show(value)}: expected an integer" + (f" >= {lo}" if lo is not None else ""))
     return value
 
 
@@ -48,14 +50,23 @@ def check_number(value: Any, key: str, where: str, allow_none: bool = False) -> 
     if value is None and allow_none:
         return None
     if isinstance(value, str) or not _is(value, float):    # a spec's numbers are YAML numbers, not strings
-        raise ConfigError(f"{where}: {key} = {value!r}: expected a number" + (" or null" if allow_none else ""))
+        raise ConfigError(f"{where}: {key} = {show(value)}: expected a number" + (" or null" if allow_none else ""))
     return _coerce(value, float, key, where)
 
 
 def check_text(value: Any, key: str, where: str) -> str:
     """A non-empty one-line string."""
-    if not _is(value, str) or not value.strip() or "\n" in value:
-        raise ConfigError(f"{where}: {key} = {value!r}: expected a non-empty one-line string")
+    if not _is(value, str) or not value.strip() or any(c in value for c in "\n\r\0"):
+        raise ConfigError(f"{where}: {key} = {show(value)}: expected a non-empty one-line string")
+    return value
+
+
+def check_path(value: Any, key: str, where: str) -> str:
+    """A path that reaches a job script (``#SBATCH --output=...``): non-empty, no control characters
+    (a newline would end the ``#SBATCH`` line and start a command)."""
+    if not isinstance(value, str) or not value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ConfigError(f"{where}: {key} = {show(value)}: expected a path without control characters "
+                          f"(newline, carriage return, NUL, ...)")
     return value
 
 
@@ -64,7 +75,7 @@ def check_mapping(value: Any, key: str, where: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ConfigError(f"{where}: {key} = {value!r}: expected a mapping")
+        raise ConfigError(f"{where}: {key} = {show(value)}: expected a mapping")
     return value
 
 

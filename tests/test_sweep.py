@@ -128,7 +128,7 @@ def test_run_id_is_stable_ignores_names_and_logging_but_not_the_seed(tmp_path: P
     assert d[0].overrides == a[0].overrides == {}     # rows show what differs from base + base_overrides
 
 
-def test_expansion_counts_and_grid_product(tmp_path: Path):
+def test_expansion_counts_and_grid_product(tmp_path: Path, monkeypatch):
     one = write_spec(tmp_path, kind="one_at_a_time", techniques=[
         {"name": "t1", "overrides": {"algo.overlong.filter": True}},
         {"name": "t2", "overrides": {"algo.loss_agg": "token_mean"}}])
@@ -142,6 +142,9 @@ def test_expansion_counts_and_grid_product(tmp_path: Path):
     assert len(info["arms"]) == 6 and info["arms"][3]["paper"] == 50
     assert info["arms"][3]["overrides"] == {"algo.clip.eps_high": 0.28, "train.lr": 1e-5}
     assert len(expand(grid, tmp_path)) == 6
+    monkeypatch.chdir(tmp_path)              # data files must exist (checked when the spec loads)
+    for f in ("a b.jsonl", "a_b.jsonl"):
+        (tmp_path / f).write_text('{"prompt": "1+1?", "answer": "2"}\n')
     clash = write_spec(tmp_path, kind="grid", baseline=None, techniques=None, seeds=[0],
                        grid={"data.train": ["a b.jsonl", "a_b.jsonl"]})
     assert [a["name"] for a in sweep_info(clash)["arms"]] == ["train-a_b.jsonl_0", "train-a_b.jsonl_1"]
