@@ -24,7 +24,7 @@ from .metric_names import primary_metric
 from .runs import ArmInfo, SweepInfo, arm_order
 
 __all__ = ["TOGGLES", "Toggle", "Pair", "toggle_state", "arm_configs", "flat_arm_configs", "arms_with_runs",
-           "find_pair", "dapo_arm", "infer_sweep_info"]
+           "find_pair", "dapo_arm", "baseline_arm", "infer_sweep_info"]
 
 
 # --------------------------------------------------------------------------- techniques
@@ -175,6 +175,23 @@ def dapo_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
             return a
     acfg = _acfg if _acfg is not None else flat_arm_configs(tidy, sweep, configs)
     return max(arms, key=lambda a: (sum(bool(toggle_state(acfg[a.name], t)) for t in TOGGLES),
+                                    [x.name for x in arms].index(a.name)))
+
+
+def baseline_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
+                 *, _acfg: dict | None = None) -> ArmInfo | None:
+    """The baseline arm (GRPO): a ladder's first row; else the arm named "grpo"; else the one with
+    fewest techniques (ties: the earlier arm). None without runs."""
+    arms = arms_with_runs(tidy, sweep)
+    if not arms:
+        return None
+    if sweep.kind == "ladder":
+        return arms[0]
+    for a in arms:
+        if a.name.lower() == "grpo":
+            return a
+    acfg = _acfg if _acfg is not None else flat_arm_configs(tidy, sweep, configs)
+    return min(arms, key=lambda a: (sum(bool(toggle_state(acfg[a.name], t)) for t in TOGGLES),
                                     [x.name for x in arms].index(a.name)))
 
 

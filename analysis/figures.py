@@ -9,8 +9,11 @@ Which arms a figure compares is :mod:`analysis.arms`' answer (read from the reso
 configs, never from arm names); metric names and units are :mod:`analysis.metric_names`.
 
 Curves are the mean over seeds with a 95% percentile-bootstrap band (stats.seed_band).
-Accuracies are logged in [0, 1] and drawn in %. Each arm keeps one colour in every figure
-(palette by the arm's position in the sweep).
+Accuracies are logged in [0, 1] and drawn in %; a % axis spans the data (curves and bands),
+at least :data:`MIN_SPAN_PCT` points, clipped to [0, 100]. A point logged as 0 only because
+the quantity is undefined (``metric_names.UNDEFINED_WHEN_ZERO``: no up-clipped token) is
+missing, not 0. Each arm keeps one colour in every figure (palette by the arm's position
+in the sweep). Saved files carry no timestamps: the same runs give the same bytes.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs
-from .metric_names import (EVAL_RE, LABELS, X_LABELS, dataset_name, metric_label, metric_scale, metric_short,
-                           primary_metric)
+from .arms import TOGGLES, arms_with_runs, baseline_arm, dapo_arm, find_pair, flat_arm_configs
+from .metric_names import (EVAL_RE, LABELS, X_LABELS, dataset_name, is_paper_metric, mask_undefined, metric_label,
+                           metric_scale, metric_short, primary_metric)
 from .runs import ArmInfo, SweepInfo, arm_order
 from .stats import seed_band
 
@@ -57,6 +60,12 @@ def arm_colors(tidy: pd.DataFrame | None, sweep: SweepInfo) -> dict[str, str]:
         cmap = matplotlib.colormaps["tab20"]
         return {n: matplotlib.colors.to_hex(cmap(i % 20)) for i, n in enumerate(names)}
     return {n: PALETTE[i] for i, n in enumerate(names)}
+
+
+MIN_SPAN_PCT = 4.0
+"""The smallest y range (percentage points) of a % axis: a flat curve is not blown up into noise."""
+R1_ZERO_AIME = 47.0
+"""DeepSeek-R1-Zero-Qwen-32B on AIME 2024 avg@32, the reference line of the paper's Fig. 1."""
 
 
 # --------------------------------------------------------------------------- drawing context
@@ -96,6 +105,7 @@ def _context(tidy, sweep, x, configs, ctx=None) -> _Ctx:
     tag = sweep.title_tag
     if tag is None:
         tag = "" if metric and "/aime24/" in metric else "mini"
+    tidy = mask_undefined(tidy)
     return _Ctx(tidy=tidy, sweep=sweep, x=x, configs=configs,
                 acfg=flat_arm_configs(tidy, sweep, configs), colors=arm_colors(tidy, sweep),
                 metric=metric, tag=tag, metrics=set(tidy["metric"].unique()))
@@ -131,15 +141,38 @@ def _draw(ctx: _Ctx, ax, metric: str, arm: ArmInfo, *, color=None, label=None, l
     return True
 
 
-def _percent_axis(ax) -> None:
-    """A % axis of non-negative data starts at 0 (and spans at least 1%, for all-zero curves)."""
-    if not getattr(ax, "_dapo_percent", False) or not ax.get_lines():
-        return
-    ys = np.concatenate([np.asarray(ln.get_ydata(), dtype=float) for ln in ax.get_lines()])
+def _data_range(ax) -> tuple[float, float] | None:
+    """(min, max) of everything drawn on ax: lines, and bands (fill_between); None if nothing finite."""
+    parts = [np.asarray(ln.get_ydata(), dtype=float) for ln in ax.get_lines()]
+    for c in ax.collections:
+        for path in c.get_paths():
+            parts.append(np.asarray(path.vertices, dtype=float)[:, 1])
+    ys = np.concatenate(parts) if parts else np.zeros(0)
     ys = ys[np.isfinite(ys)]
-    if ys.size and ys.min() >= 0:
-        top = max(ax.get_ylim()[1], 1.0)
-        ax.set_ylim(-0.03 * top, top)   # a hair below 0 so curves at 0 stay visible
+    return (float(ys.min()), float(ys.max())) if ys.size else None
+
+
+def _percent_axis(ax) -> None:
+    """A % axis spans its data (at least MIN_SPAN_PCT points, 5% margin each side), kept inside [0, 100]."""
+    if not getattr(ax, "_dapo_percent", False):
+        return
+    r = _data_range(ax)
+    if r is None:
+        return
+    lo, hi = r
+    if hi - lo < MIN_SPAN_PCT:
+        mid = (lo + hi) / 2
+        lo, hi = mid - MIN_SPAN_PCT / 2, mid + MIN_SPAN_PCT / 2
+    pad = 0.05 * (hi - lo)
+    ax.set_ylim(max(lo - pad, -pad), min(hi + pad, 100 + pad))   # a curve at 0 or 100 stays visible
+
+
+def _empty_panel(ax, text: str) -> None:
+    """A panel with nothing to draw says why, in its middle."""
+    with matplotlib.rc_context(STYLE):
+        ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=8, color="#555555",
+                wrap=True)
+        ax.set_yticks([])
 
 
 def _finish(ctx: _Ctx, fig: Figure, axes, number: int, title: str, *, ylabels, panel_titles=None,
@@ -193,23 +226,40 @@ def _pair_figure(ctx: _Ctx, toggle: str, number: int, metrics: list[str], what: 
 
 # --------------------------------------------------------------------------- the figures
 def _fig1(ctx: _Ctx):
+    """(a) avg@k of the baseline beside the DAPO arm (the paper: DAPO vs its R1-Zero reference);
+    (b) the DAPO arm's avg@k, pass@k and cons@k."""
     arm = dapo_arm(ctx.tidy, ctx.sweep, ctx.configs, _acfg=ctx.acfg)
     if arm is None or not ctx.metric:
         return None, "no eval metric (eval/<dataset>/avg_at_<k>) was logged" if arm else "no runs"
+    base = baseline_arm(ctx.tidy, ctx.sweep, ctx.configs, _acfg=ctx.acfg)
+    base = None if base is None or base.name == arm.name else base
     g = EVAL_RE.match(ctx.metric)
     names = [f"eval/{g['dataset']}/{kind}_at_{g['k']}" for kind in ("avg", "pass", "cons")]
     names = [m for m in names if m in ctx.metrics]
-    fig, (ax,) = _new_figure()
+    fig, axes = _new_figure(ncols=2 if base else 1)
+    titles, notes = [], []
+    if base:
+        for a in (base, arm):
+            _draw(ctx, axes[0], ctx.metric, a)
+        if is_paper_metric(ctx.metric):
+            with matplotlib.rc_context(STYLE):
+                axes[0].axhline(R1_ZERO_AIME, color="#777777", linestyle=":", linewidth=1.2,
+                                label=f"DeepSeek-R1-Zero-Qwen-32B (paper): {R1_ZERO_AIME:g}")
+        titles.append(f"(a) {_acc_title(ctx)}: baseline vs DAPO")
+        notes.append(f"(a) “{base.label}” vs “{arm.label}”")
+    ax = axes[-1]
     styles = {"avg": "-", "pass": "--", "cons": "-."}
     shades = {"avg": ctx.colors.get(arm.name), "pass": "#444444", "cons": "#999999"}
     for m in names:
         kind = EVAL_RE.match(m)["kind"]
         _draw(ctx, ax, m, arm, color=shades[kind], linestyle=styles[kind], label=metric_short(m))
+    titles.append(("(b) " if base else "") + f"“{arm.label}”: " + ", ".join(metric_short(m) for m in names))
+    notes.append(("(b) " if base else "") + f"arm “{arm.label}”: " + ", ".join(metric_short(m) for m in names))
     scale = ctx.scale(ctx.metric)
-    fig = _finish(ctx, fig, [ax], 1, f"{dataset_name(ctx.metric)} accuracy during training",
-                  ylabels=["accuracy (%)" if scale == 100 else "accuracy"],
-                  panel_titles=[f"arm “{arm.label}”, mean over seeds with 95% CI"])
-    return fig, f"arm “{arm.label}”: " + ", ".join(metric_short(m) for m in names)
+    fig = _finish(ctx, fig, axes, 1, f"{dataset_name(ctx.metric)} accuracy during training "
+                  "(mean over seeds, 95% CI)", ylabels=["accuracy (%)" if scale == 100 else "accuracy"] * len(axes),
+                  panel_titles=titles, legend_all=True)
+    return fig, "; ".join(notes)
 
 
 def _toggle_note(ctx: _Ctx, toggle: str) -> str:
@@ -247,11 +297,26 @@ def _fig3(ctx):
     for ax, m in zip(axes, present):
         for arm in arms:
             _draw(ctx, ax, m, arm)
+    up = "train/up_clipped_prob_mean"
+    gap = ""
+    if up in present:   # masked by metric_names.mask_undefined: a step without up-clipped tokens has no value
+        ax = axes[present.index(up)]
+        vals = [ctx.band(up, a.name)["mean"].to_numpy(dtype=float) for a in arms]
+        n_all, n_none = sum(v.size for v in vals), sum(int(np.isnan(v).sum()) for v in vals)
+        if n_all and n_none == n_all:
+            xs = np.concatenate([ctx.band(up, a.name)[ctx.x].to_numpy(dtype=float) for a in arms])
+            for artist in list(ax.lines) + list(ax.collections):
+                artist.remove()
+            ax.set_xlim(xs.min(), xs.max())
+            _empty_panel(ax, "no token was clipped at 1 + ε_high\nin any step of these arms")
+            gap = " (a): no up-clipped token in any step, so nothing to draw."
+        elif n_none:
+            gap = f" (a): {n_none} of {n_all} points have no up-clipped token and are left out (gaps)."
     titles = [f"({'ab'[i]}) " + LABELS[m].split(" (")[0] for i, m in enumerate(present)]
     fig = _finish(ctx, fig, axes, 3, "up-clipped token probability and all-correct prompts",
                   ylabels=[metric_label(m, ctx.scale(m)) for m in present], panel_titles=titles,
-                  legend_all=True)
-    return fig, note + _missing(ctx, ms)
+                  legend_all=True, note=gap.strip() or None)
+    return fig, note + gap + _missing(ctx, ms)
 
 
 def _fig4(ctx):
@@ -330,7 +395,7 @@ def _fig7(ctx):
 _IMPL = {"fig1": _fig1, "fig2": _fig2, "fig3": _fig3, "fig4": _fig4, "fig5": _fig5,
          "fig6": _fig6, "fig7": _fig7}
 TITLES = {
-    "fig1": "accuracy (avg@k, pass@k, cons@k) of the DAPO arm",
+    "fig1": "accuracy of the baseline beside the DAPO arm, and the DAPO arm's avg@k, pass@k, cons@k",
     "fig2": "accuracy and entropy, with vs without Clip-Higher",
     "fig3": "up-clipped token probability and prompts with accuracy 1",
     "fig4": "entropy and response length, with vs without token-level loss",
@@ -371,16 +436,26 @@ def render_all(tidy: pd.DataFrame, sweep_info: SweepInfo, x: str = "grad_step", 
     return out
 
 
+_NO_DATE = {"pdf": {"CreationDate": None}, "svg": {"Date": None}, "ps": {"CreationDate": None},
+            "eps": {"CreationDate": None}}
+"""Per format, the savefig metadata that drops the file's timestamp (PNG has none by default)."""
+
+
 def save_figure(fig: Figure, path_stem: str | Path, formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
-    """Write ``<stem>.png`` (150 dpi) and ``<stem>.pdf`` (or the given formats); returns the paths."""
+    """Write ``<stem>.png`` (150 dpi) and ``<stem>.pdf`` (or the given formats); returns the paths.
+
+    No file carries a timestamp or a random id (PDF/PS without CreationDate, SVG without Date
+    and with a fixed hash salt), so the same figure gives the same bytes every time.
+    """
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix("." + f) for f in formats]
-    with matplotlib.rc_context(STYLE):
+    with matplotlib.rc_context({**STYLE, "svg.hashsalt": "dapo-lab"}):
         engine = fig.get_layout_engine()
         try:
             for i, p in enumerate(paths):
-                fig.savefig(p, dpi=150, facecolor="white")  # the first save lays out (constrained)
+                fig.savefig(p, dpi=150, facecolor="white",   # the first save lays out (constrained)
+                            metadata=_NO_DATE.get(p.suffix.lstrip(".").lower()))
                 if i == 0:
                     fig.set_layout_engine("none")            # later formats reuse those positions
         finally:

@@ -13,8 +13,8 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-__all__ = ["EVAL_RE", "LABELS", "X_LABELS", "eval_metrics", "primary_metric", "metric_short", "dataset_name",
-           "metric_scale", "metric_label"]
+__all__ = ["EVAL_RE", "LABELS", "X_LABELS", "PAPER_METRIC", "UNDEFINED_WHEN_ZERO", "eval_metrics", "primary_metric",
+           "metric_short", "dataset_name", "metric_scale", "metric_label", "is_paper_metric", "mask_undefined"]
 
 EVAL_RE = re.compile(r"^eval/(?P<dataset>[^/]+)/(?P<kind>avg|pass|cons)_at_(?P<k>\d+)$")
 DATASET_TITLES = {"aime24": "AIME 2024", "aime25": "AIME 2025", "math500": "MATH-500", "gsm8k": "GSM8K",
@@ -35,6 +35,13 @@ PERCENT = {"sampling/all_correct_frac", "sampling/all_wrong_frac", "rollout/acc_
            "rollout/truncated_frac", "train/clip_frac_high", "train/clip_frac_low"}
 """Non-eval metrics that are fractions in [0, 1] (shown in %)."""
 X_LABELS = {"grad_step": "gradient step", "rollout_step": "rollout step"}
+PAPER_METRIC = "eval/aime24/avg_at_32"
+"""The metric of the paper's Table 1 and figures (AIME 2024 avg@32): only a sweep scored by it
+is compared with the paper's numbers ("ours − paper")."""
+UNDEFINED_WHEN_ZERO = {"train/up_clipped_prob_mean": "train/clip_frac_high"}
+"""Metrics logged as 0.0 when they are undefined, and the metric whose 0 at the same point says
+so: the mean probability of up-clipped tokens is 0.0 in a step that clipped no token at
+1 + ε_high (``train/clip_frac_high`` = 0, i.e. an up-clipped count of 0)."""
 
 
 def eval_metrics(metrics: Iterable[str]) -> list[tuple[str, str, str, int]]:
@@ -86,3 +93,33 @@ def metric_label(metric: str, scale: float = 1.0) -> str:
         return f"{metric_short(metric)}" + (" (%)" if scale == 100 else "")
     lab = LABELS.get(metric, metric)
     return lab if scale == 100 or "(%)" not in lab else lab.replace(" (%)", " (fraction)")
+
+
+def is_paper_metric(metric: str | None) -> bool:
+    """True for the paper's own task and metric (AIME 2024 avg@32), the only one its numbers compare with."""
+    return metric == PAPER_METRIC
+
+
+def mask_undefined(tidy: pd.DataFrame) -> pd.DataFrame:
+    """``tidy`` with the points of :data:`UNDEFINED_WHEN_ZERO` metrics set to NaN where they are undefined.
+
+    A point of ``metric`` is undefined when its witness metric is 0 at the same (run, grad
+    step); without the witness logged, a value of exactly 0 is taken as undefined (a mean
+    probability of real tokens is never exactly 0). Returns a copy when anything changes.
+    """
+    out = tidy
+    for metric, witness in UNDEFINED_WHEN_ZERO.items():
+        sel = tidy["metric"] == metric
+        if not sel.any():
+            continue
+        w = tidy.loc[tidy["metric"] == witness, ["run", "grad_step", "value"]]
+        if len(w):
+            zero = w[w["value"] == 0][["run", "grad_step"]].drop_duplicates()
+            pts = tidy.loc[sel, ["run", "grad_step"]].reset_index()
+            hit = pts.merge(zero, on=["run", "grad_step"], how="inner")["index"].to_numpy()
+        else:
+            hit = tidy.index[sel & (tidy["value"] == 0)].to_numpy()
+        if len(hit):
+            out = out.copy() if out is tidy else out
+            out.loc[hit, "value"] = np.nan
+    return out

@@ -1,11 +1,26 @@
 """One command from logged runs to a results folder: figures, Table 1, comparisons, report.md.
 
-    dapo figures sweeps/table1-mini.yaml                  # MLflow at runs/mlruns.db → results/table1-mini/
-    dapo figures sweeps/table1-mini.yaml --from-snapshot  # results/table1-mini/snapshot → same files
+    dapo figures sweeps/table1-mini.yaml                  # MLflow at runs/mlruns.db → runs/figures/table1-mini/
+    dapo figures sweeps/table1-mini.yaml --runs runs/table1-mini --to results/table1-mini   # publish
+    dapo figures sweeps/table1-mini.yaml --from-snapshot  # results/table1-mini/snapshot → results/table1-mini/
     python -m analysis.report --tracking-uri sqlite:///runs/mlruns.db --sweep table1-mini
     python -m analysis.report --from-snapshot results/table1-mini/snapshot   (no sweep file needed)
 
-writes (``--out``, default ``results/<sweep>/``)::
+Two directories, two names: ``--runs DIR`` is where the sweep's runs are (its output root,
+holding ``mlruns.db``); ``--to DIR`` is where the figures go. (``--output`` and ``--out``,
+the old spellings, still work and say so.)
+
+Where the files go by default:
+
+- from MLflow: ``<runs>/figures/<sweep>/``, beside the runs and out of git. The committed
+  ``results/<sweep>/`` is rewritten only when asked (``--to results/<sweep>``): fresh runs
+  should not silently replace published numbers.
+- ``--from-snapshot``: the folder holding the snapshot (``results/<sweep>/`` for the
+  default one). That rewrites what the snapshot made, with the same bytes when neither the
+  snapshot nor the code changed: figures carry no timestamps and the report's "generated"
+  line is the snapshot's creation time, not the clock.
+
+writes::
 
     snapshot/   runs.parquet configs.json sweep.json meta.json   (only when reading MLflow)
     figures/    fig1..fig7 .png + .pdf (a figure the sweep cannot show is listed, not drawn)
@@ -113,15 +128,20 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
     reading_text = reading_path.read_text().strip() if reading_path.exists() else _NO_READING
 
     meta = meta or {}
+    vs_paper = bool(t1.attrs.get("vs_paper"))
+    paper_note = ("Paper: Qwen2.5-32B base, AIME 2024 avg@32, the same metric as ours; "
+                  "`ours − paper` is their difference." if vs_paper else
+                  f"The paper's values are its own (Qwen2.5-32B base, AIME 2024 avg@32), shown for reference "
+                  f"only: this sweep measures `{t1.attrs.get('metric')}`, so no difference is computed.")
     lines = [f"# {sweep.name}: DAPO vs GRPO ablation report", "",
              f"- sweep kind: {sweep.kind}; arms: {len(arms_with_runs(tidy, sweep))}; runs: {tidy['run'].nunique()}",
              f"- x axis: {'gradient step' if x == 'grad_step' else 'rollout step'}; final = mean of the last {final_k} evaluations of "
              f"`{t1.attrs.get('metric')}`",
-             f"- generated {datetime.now(timezone.utc).isoformat(timespec='seconds')}"
+             "- generated from the runs as snapshotted " + (meta.get("created") or "(no snapshot date)")
              + (f" from {meta['mlflow_uri']}" if meta.get("mlflow_uri") else "")
              + (f"; analysis commit {meta['commit']}" if meta.get("commit") else ""),
              "", "## Table 1", "", to_markdown(shown),
-             "Paper: Qwen2.5-32B base, AIME 2024 avg@32. Ours: see the sweep config; "
+             paper_note + " Ours: see the sweep config; "
              "CIs are 95% percentile bootstrap over seeds (one seed: no interval).",
              "Files: [table1.csv](table1.csv), [table1.tex](table1.tex), "
              "[arm-vs-arm comparison](compare.md).", "",
@@ -154,19 +174,28 @@ def _git_commit() -> str:
         return "unknown"
 
 
+DEPRECATED = {"--output": "--runs", "--out": "--to"}
+"""Old option spellings → their names now (they still work, with one line saying so)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dapo figures", description=(
-        "Regenerate the paper's figures and Table 1 from MLflow runs or a results snapshot."))
+        "Regenerate the paper's figures and Table 1 from MLflow runs or a results snapshot. "
+        "--runs says where the runs are, --to where the figures go."))
     p.add_argument("spec", nargs="?", help="the sweep YAML (sweeps/NAME.yaml): arms, labels, paper values; "
                    "without it the arms are inferred from the runs' tags")
     p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<output>/mlruns.db)")
-    p.add_argument("--output", default="runs", metavar="DIR",
-                   help="the sweep's output root, for the default tracking URI (default: runs)")
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<runs>/mlruns.db)")
+    p.add_argument("--runs", default=None, metavar="DIR",
+                   help="where the runs are: the sweep's output root, holding mlruns.db (default: runs)")
     p.add_argument("--sweep", help="sweep name = MLflow experiment name (default: the spec's name)")
     p.add_argument("--from-snapshot", nargs="?", const="", metavar="DIR",
                    help="read a results snapshot instead of MLflow (no DIR: results/<sweep>/snapshot)")
-    p.add_argument("--out", metavar="DIR", help="output folder (default: results/<sweep>/)")
+    p.add_argument("--to", metavar="DIR", default=None,
+                   help="where the figures, tables and report go (default: from MLflow <runs>/figures/<sweep>/, "
+                        "out of git; from a snapshot, the folder that holds it)")
+    p.add_argument("--output", dest="runs_old", metavar="DIR", help=argparse.SUPPRESS)   # old name of --runs
+    p.add_argument("--out", dest="to_old", metavar="DIR", help=argparse.SUPPRESS)        # old name of --to
     p.add_argument("--x", choices=["grad_step", "rollout_step"], default="grad_step",
                    help="x axis of the curves (default: grad_step, as in the paper)")
     p.add_argument("--final-k", type=int, default=None,
@@ -175,6 +204,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reading", metavar="FILE", help="a markdown file with the human reading to embed")
     p.add_argument("--no-snapshot", action="store_true", help="do not write a snapshot when reading MLflow")
     return p
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse, folding the old spellings into --runs/--to (one line each on stderr; both given: an error)."""
+    args = parser.parse_args(argv)
+    for old, new, dest in (("--output", "--runs", "runs"), ("--out", "--to", "to")):
+        value = getattr(args, dest + "_old")
+        if value is None:
+            continue
+        if getattr(args, dest) is not None:
+            parser.error(f"{old} is the old name of {new}: give one of them")
+        print(f"[figures] {old} is deprecated: use {new} {value}", file=sys.stderr)
+        setattr(args, dest, value)
+    args.runs = args.runs or "runs"
+    return args
 
 
 def _spec_sweep_info(path: str) -> SweepInfo:
@@ -187,7 +231,12 @@ def main(argv: list[str] | None = None, *, sweep_info: SweepInfo | None = None) 
     """CLI entry (``dapo figures``); ``sweep_info`` lets a caller pass an already parsed sweep."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
+    formats = tuple(f.strip().lstrip(".") for f in args.formats.split(",") if f.strip())
+    if not formats or formats[0] != "png":
+        parser.error("--formats must start with png (the report embeds the PNGs)")
+    if args.reading and not Path(args.reading).is_file():
+        parser.error(f"--reading {args.reading}: no such file")
     if sweep_info is None and args.spec:
         sweep_info = _spec_sweep_info(args.spec)
     name = args.sweep or (sweep_info.name if sweep_info else None)
@@ -201,38 +250,39 @@ def main(argv: list[str] | None = None, *, sweep_info: SweepInfo | None = None) 
         tidy, configs, snap_sweep = load_snapshot(snap_dir)
         meta = read_meta(snap_dir)
         sweep = sweep_info or snap_sweep or infer_sweep_info(tidy, configs, name)
-        out = Path(args.out) if args.out else Path(snap_dir).resolve().parent
+        out = Path(args.to) if args.to else Path(snap_dir).resolve().parent
     else:
         if not name:
             parser.error("give the sweep (SPEC or --sweep NAME), or --from-snapshot DIR")
         uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
-            db = Path(args.output).resolve() / "mlruns.db"
+            db = Path(args.runs).resolve() / "mlruns.db"
             if not db.exists():
                 parser.error(f"no tracking store: give --tracking-uri, set $MLFLOW_TRACKING_URI, "
-                             f"or point --output at the sweep's output root ({db} does not exist)")
+                             f"or point --runs at the sweep's output root ({db} does not exist)")
             uri = f"sqlite:///{db}"
         tidy, configs = load_runs(uri, name)
         if tidy.empty:
             print(f"[figures] sweep {name!r} has no logged points yet", file=sys.stderr)
             return 1
         sweep = sweep_info or infer_sweep_info(tidy, configs, name)
-        out = Path(args.out) if args.out else Path("results") / name
+        out = Path(args.to) if args.to else Path(args.runs) / "figures" / name
         commit = _git_commit()
-        meta = {"mlflow_uri": uri, "commit": commit}
+        meta = {"mlflow_uri": uri, "commit": commit,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         if not args.no_snapshot:
             cmd = "dapo figures " + " ".join(shlex.quote(a) for a in argv)
             snap = snapshot(tidy, configs, sweep, out / "snapshot", command=cmd, commit=commit,
                             tracking_uri=uri)
+            meta = read_meta(snap)
             print(f"[figures] snapshot: {snap}")
     reading = Path(args.reading).read_text() if args.reading else None
     final_k = args.final_k or sweep.final_k
-    formats = tuple(f.strip().lstrip(".") for f in args.formats.split(",") if f.strip())
-    if not formats or formats[0] != "png":
-        parser.error("--formats must start with png (the report embeds the PNGs)")
     paths = write_report(tidy, configs, sweep, out, x=args.x, final_k=final_k, reading=reading, meta=meta,
                          formats=formats)
     print(f"[figures] {len(paths)} files in {out} (report: {out / 'report.md'})")
+    if args.from_snapshot is None and not args.to:
+        print(f"[figures] to publish them: --to results/{name}", file=sys.stderr)
     return 0
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .arms import arms_with_runs
-from .metric_names import dataset_name, metric_scale, metric_short, primary_metric
+from .metric_names import dataset_name, is_paper_metric, metric_scale, metric_short, primary_metric
 from .runs import SweepInfo
 from .stats import bootstrap_ci, run_finals
 
@@ -30,12 +30,15 @@ def table1(tidy: pd.DataFrame, sweep_info: SweepInfo, final_k: int | None = 3, *
     """One row per arm of the sweep (sweep order; arms without runs have n_seeds 0), numeric columns:
 
     arm, label; ours, ci_lo, ci_hi (% if the metric is an accuracy in [0, 1]); n_seeds;
-    paper (the sweep's value, %), diff = ours − paper; grad_steps, rollout_steps (mean over
-    seeds of each run's last step); wall_min (mean over seeds of each run's wall-clock
-    minutes, start to last logged point). ``df.attrs``: metric, final_k, scale.
+    paper (the sweep's value, %); diff = ours − paper, only when the metric is the paper's own
+    (AIME 2024 avg@32, ``metric_names.is_paper_metric``), else NaN: a number on another task
+    is not comparable; grad_steps, rollout_steps (mean over seeds of each run's last step);
+    wall_min (mean over seeds of each run's wall-clock minutes, start to last logged point).
+    ``df.attrs``: metric, final_k, scale, vs_paper (whether diff is computed).
     """
     final_k = final_k or sweep_info.final_k
     metric = metric or sweep_info.metric or primary_metric(tidy)
+    vs_paper = is_paper_metric(metric)
     scale = metric_scale(tidy, metric) if metric else 1.0
     finals = run_finals(tidy, metric, final_k) if metric else pd.DataFrame(columns=["arm", "final"])
     per_run = tidy.groupby(["arm", "run"], sort=False).agg(
@@ -52,13 +55,14 @@ def table1(tidy: pd.DataFrame, sweep_info: SweepInfo, final_k: int | None = 3, *
         paper = float(arm.paper) if arm.paper is not None else np.nan
         rows.append({
             "arm": arm.name, "label": arm.label, "ours": ours, "ci_lo": lo * scale, "ci_hi": hi * scale,
-            "n_seeds": int(np.isfinite(f).sum()), "paper": paper, "diff": ours - paper,
+            "n_seeds": int(np.isfinite(f).sum()), "paper": paper,
+            "diff": ours - paper if vs_paper else np.nan,
             "grad_steps": float(pr["grad"].mean()),
             "rollout_steps": float(pd.to_numeric(pr["rollout"], errors="coerce").astype(float).mean()),
             "wall_min": float(pr["time"].mean() / 60.0),
         })
     df = pd.DataFrame(rows, columns=TABLE1_COLUMNS)
-    df.attrs.update(metric=metric, final_k=final_k, scale=scale)
+    df.attrs.update(metric=metric, final_k=final_k, scale=scale, vs_paper=vs_paper)
     return df
 
 
@@ -68,19 +72,30 @@ def _fmt(v, digits=1) -> str:
     return f"{v:.{digits}f}"
 
 
+PAPER_ALONE = "paper's value (Qwen2.5-32B, AIME 2024 avg@32)"
+"""The paper column's header when the sweep's metric is not the paper's: its number stands alone."""
+
+
 def format_table1(df: pd.DataFrame) -> pd.DataFrame:
-    """Table 1 as display strings (what the .md and .tex files show)."""
+    """Table 1 as display strings (what the .md and .tex files show).
+
+    "paper" and "ours − paper" side by side only when the metric is the paper's (``attrs
+    vs_paper``); otherwise the paper's value stands alone under :data:`PAPER_ALONE`.
+    """
     metric = df.attrs.get("metric") or ""
     unit = " (%)" if df.attrs.get("scale", 1.0) == 100 else ""
     head = f"{dataset_name(metric)} {metric_short(metric)}{unit}".strip()
+    vs_paper = bool(df.attrs.get("vs_paper", is_paper_metric(metric)))
     out = pd.DataFrame({
         "Arm": df["label"],
         f"{head}, ours [95% CI]": [
             f"{_fmt(m)} [{_fmt(lo)}, {_fmt(hi)}]" if n > 1 else _fmt(m)
             for m, lo, hi, n in zip(df["ours"], df["ci_lo"], df["ci_hi"], df["n_seeds"])],
         "seeds": df["n_seeds"].astype(int).astype(str),
-        "paper": [_fmt(v, 0) if np.isfinite(v) and float(v).is_integer() else _fmt(v) for v in df["paper"]],
-        "ours − paper": [("+" if np.isfinite(v) and v > 0 else "") + _fmt(v) for v in df["diff"]],
+        "paper" if vs_paper else PAPER_ALONE:
+            [_fmt(v, 0) if np.isfinite(v) and float(v).is_integer() else _fmt(v) for v in df["paper"]],
+        **({"ours − paper": [("+" if np.isfinite(v) and v > 0 else "") + _fmt(v) for v in df["diff"]]}
+           if vs_paper else {}),
         "grad steps": [_fmt(v, 0) for v in df["grad_steps"]],
         "rollout steps": [_fmt(v, 0) for v in df["rollout_steps"]],
         "wall (min/run)": [_fmt(v) for v in df["wall_min"]],

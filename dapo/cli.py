@@ -4,7 +4,7 @@
     dapo config EXP.yaml [k=v ...]    print the resolved config; --keys lists every key
     dapo sweep expand|submit|status|cancel SPEC ...   ablation sweeps (Slurm / local)
     dapo plan EXP [k=v ...] --cluster PROFILE   will it fit the GPUs, how long is a step
-    dapo figures SPEC                 regenerate figures, Table 1 and report.md
+    dapo figures SPEC [--runs DIR] [--to DIR]   figures, Table 1 and report.md
     dapo base                         build (or reuse) the tiny supervised base model
     dapo demo                         the README's first command: GRPO vs DAPO end to end
 """
@@ -20,7 +20,8 @@ COMMANDS = {
     "sweep": ("dapo.sweep", "expand / submit / status / cancel an ablation sweep (Slurm via submitit, or local)"),
     "plan": ("dapo.plan", "per-GPU memory and step time of an experiment on a cluster profile (arithmetic); "
                           "exit 1 when it does not fit"),
-    "figures": ("analysis.report", "regenerate a sweep's figures, Table 1 and report.md (from MLflow or a snapshot)"),
+    "figures": ("analysis.report", "a sweep's figures, Table 1 and report.md: from the runs in --runs DIR (or "
+                                   "--from-snapshot) into --to DIR"),
     "base": ("dapo.base_model", "build (or reuse) the tiny supervised base model of the mini reproduction"),
     "demo": ("dapo.demo", "GRPO vs DAPO on the tiny model, end to end, into results/demo/"),
 }

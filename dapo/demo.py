@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n== 3/3 figures and tables ==", flush=True)
     from analysis.report import main as report_main
-    rc = report_main([a.spec, "--output", a.output, "--out", a.results])
+    rc = report_main([a.spec, "--runs", a.output, "--to", a.results])
     if rc:
         return rc
 

@@ -14,4 +14,4 @@ for seeds in "[0]" "[0, 1]" "[0, 1, 2]"; do
 done
 rm -rf "$TMP"
 .venv/bin/dapo sweep status "$SPEC" --output "$OUT" || true
-.venv/bin/dapo figures "$SPEC" --output "$OUT" --out results/table1-mini
+.venv/bin/dapo figures "$SPEC" --runs "$OUT" --to results/table1-mini

@@ -269,10 +269,11 @@ def test_table1(loaded, sweep):
     _, lo, hi = bootstrap_ci([0.1, 0.2, 0.3])
     assert g["ours"] == pytest.approx(20.0) and g["ci_lo"] == pytest.approx(100 * lo)
     assert g["ci_hi"] == pytest.approx(100 * hi) and g["n_seeds"] == 3
-    assert g["paper"] == 30.0 and g["diff"] == pytest.approx(-10.0)
+    # arith avg@8 is not the paper's AIME avg@32: the paper's value is kept, no difference computed
+    assert g["paper"] == 30.0 and math.isnan(g["diff"]) and t.attrs["vs_paper"] is False
     assert g["grad_steps"] == 9 and g["rollout_steps"] == 5 and g["wall_min"] == pytest.approx(9.0)
     c = t.set_index("arm").loc["clip"]
-    assert c["ours"] == pytest.approx(35.0) and c["diff"] == pytest.approx(-3.0)
+    assert c["ours"] == pytest.approx(35.0) and math.isnan(c["diff"])
     k = t.set_index("arm").loc["token"]
     assert k["ours"] == pytest.approx(50.0) and k["ci_lo"] == pytest.approx(50.0) and k["ci_hi"] == pytest.approx(50.0)
     assert math.isnan(k["paper"]) and math.isnan(k["diff"])
@@ -284,10 +285,26 @@ def test_table1(loaded, sweep):
     m = table1(tidy, more).set_index("arm").loc["ds"]
     assert m["n_seeds"] == 0 and m["paper"] == 50.0 and math.isnan(m["ours"]) and math.isnan(m["diff"])
     md = to_markdown(format_table1(t))
-    assert "| naive GRPO" in md and "20.0 [" in md and "−10.0" not in md and "-10.0" in md
+    assert "| naive GRPO" in md and "20.0 [" in md and "ours − paper" not in md and "-10.0" not in md
+    assert "paper's value (Qwen2.5-32B, AIME 2024 avg@32)" in md and "| 30 " in md
     assert md.count("\n") == 2 + 3
     tex = to_latex(format_table1(t), caption="x_y")
     assert r"\toprule" in tex and r"naive GRPO" in tex and r"x\_y" in tex and r"\%" in tex
+
+
+def test_table1_vs_paper_only_on_the_papers_metric(loaded, sweep):
+    """Scored on AIME 2024 avg@32 (the paper's task and metric), "ours − paper" is computed and shown."""
+    from analysis.tables import format_table1, table1, to_markdown
+    tidy, _ = loaded
+    aime = tidy.assign(metric=tidy["metric"].str.replace("eval/arith/", "eval/aime24/").str.replace("_at_8", "_at_32"))
+    s = SweepInfo(name=SWEEP, kind="ladder", metric="eval/aime24/avg_at_32", arms=sweep.arms)
+    t = table1(aime, s, final_k=3).set_index("arm")
+    assert t.attrs["vs_paper"] is True
+    assert t.loc["grpo", "diff"] == pytest.approx(20.0 - 30.0) and t.loc["clip", "diff"] == pytest.approx(35.0 - 38.0)
+    assert math.isnan(t.loc["token", "diff"])                        # no paper value for this arm
+    md = to_markdown(format_table1(table1(aime, s, final_k=3)))
+    assert "| paper " in md and "ours − paper" in md and "-10.0" in md and "-3.0" in md
+    assert "AIME 2024 avg@32 (%), ours" in md
 
 
 def test_compare_table(loaded):
@@ -316,13 +333,18 @@ def test_figures_lines_and_axes(loaded, sweep):
     from analysis import figures as F
     tidy, configs = loaded
     f1 = F.fig1(tidy, sweep, configs=configs)
-    ax = f1.axes[0]
+    base, ax = f1.axes                                             # (a) baseline beside DAPO, (b) DAPO's avg/pass/cons
+    assert _labels(base) == ["naive GRPO", "+ token-level loss"] == _legend(base)   # ladder: first and last rows
+    np.testing.assert_allclose(base.get_lines()[0].get_ydata(), [0.0, 20.0, 20.0, 20.0])
     assert _labels(ax) == ["avg@8", "pass@8", "cons@8"] == _legend(ax)
     assert ax.get_xlabel() == "gradient step" and ax.get_ylabel() == "accuracy (%)"
     assert "token-level loss" in ax.get_title("left")                # ladder: the last row is the DAPO arm
     assert f1._suptitle.get_text().startswith("Fig. 1 (mini):")
     ys = ax.get_lines()[0].get_ydata()
     assert ys[-1] == pytest.approx(50.0)                          # plotted in %
+    assert not any("R1-Zero" in t for t in _legend(base))          # the paper's reference only on its metric
+    # y axes fit the data: (a) spans 0..50 % (step 0 to the token arm's 50) plus a 5 % margin, not 0..100
+    assert base.get_ylim() == pytest.approx((-2.5, 52.5))
 
     f2 = F.fig2(tidy, sweep, configs=configs)
     a, b = f2.axes
@@ -353,6 +375,85 @@ def test_figures_lines_and_axes(loaded, sweep):
     f2r = F.fig2(tidy, sweep, x="rollout_step", configs=configs)
     assert f2r.axes[1].get_xlabel() == "rollout step"
     assert list(f2r.axes[1].get_lines()[0].get_xdata()) == [1, 2, 3, 4, 5]
+
+
+def _curve_tidy(values: dict[str, list[float]], arm="a", run="r0") -> pd.DataFrame:
+    """A one-run tidy table: metric → values at grad steps 1, 2, ..."""
+    rows = [dict(run=run, run_id=run, sweep="s", arm=arm, seed=0, rollout_step=g, grad_step=g, time=60.0 * g,
+                 metric=m, value=v) for m, vs in values.items() for g, v in enumerate(vs, start=1)]
+    return normalize_tidy(pd.DataFrame(rows))
+
+
+def test_mask_undefined_up_clipped_prob():
+    """train/up_clipped_prob_mean is logged as 0.0 in a step with no up-clipped token
+    (train/clip_frac_high = 0): that point is undefined (NaN), the others are kept."""
+    from analysis.metric_names import mask_undefined
+    tidy = _curve_tidy({"train/up_clipped_prob_mean": [0.0, 0.3, 0.0, 0.25],
+                        "train/clip_frac_high": [0.0, 0.01, 0.0, 0.002], "train/entropy": [0.0, 1.0, 0.0, 1.0]})
+    out = mask_undefined(tidy)
+    up = out[out["metric"] == "train/up_clipped_prob_mean"]["value"].to_numpy()
+    np.testing.assert_array_equal(np.isnan(up), [True, False, True, False])
+    assert up[1] == 0.3 and up[3] == 0.25
+    assert (out[out["metric"] != "train/up_clipped_prob_mean"]["value"].to_numpy() ==
+            tidy[tidy["metric"] != "train/up_clipped_prob_mean"]["value"].to_numpy()).all()   # other metrics as logged
+    assert tidy["value"].notna().all()                                                        # input untouched
+    # without the witness metric: a value of exactly 0 is the undefined one
+    only = mask_undefined(_curve_tidy({"train/up_clipped_prob_mean": [0.0, 0.4]}))
+    assert np.isnan(only["value"].iloc[0]) and only["value"].iloc[1] == 0.4
+
+
+def test_fig3_steps_without_up_clipped_tokens_are_missing():
+    from analysis import figures as F
+    s = SweepInfo(name="s", kind="grid", arms=(ArmInfo("a"),))
+    tidy = _curve_tidy({"train/up_clipped_prob_mean": [0.0, 0.3, 0.0, 0.25],
+                        "train/clip_frac_high": [0.0, 0.01, 0.0, 0.002],
+                        "sampling/all_correct_frac": [0.1, 0.2, 0.3, 0.4]})
+    ctx = F._context(tidy, s, "grad_step", None)
+    fig, note = F._fig3(ctx)
+    ys = fig.axes[0].get_lines()[0].get_ydata()
+    np.testing.assert_array_equal(np.isnan(ys), [True, False, True, False])   # gaps, not zeros
+    assert ys[1] == pytest.approx(0.3) and "2 of 4 points have no up-clipped token" in note
+    # no up-clipped token anywhere: the panel draws nothing and says so
+    none = _curve_tidy({"train/up_clipped_prob_mean": [0.0, 0.0], "train/clip_frac_high": [0.0, 0.0],
+                        "sampling/all_correct_frac": [0.1, 0.2]})
+    fig, note = F._fig3(F._context(none, s, "grad_step", None))
+    assert not fig.axes[0].get_lines() and "no token was clipped" in fig.axes[0].texts[0].get_text()
+    assert "no up-clipped token in any step" in note
+
+
+def test_percent_axis_fits_the_data():
+    """A 2-point difference around 35 % is drawn on a few-point axis, not squeezed into 0–37 %."""
+    from analysis import figures as F
+    fig, (ax,) = F._new_figure()
+    ax.plot([0, 1, 2], [35.0, 36.0, 37.0])
+    ax.fill_between([0, 1, 2], [33.0, 35.0, 36.5], [35.5, 37.0, 37.5])
+    ax._dapo_percent = True
+    F._percent_axis(ax)
+    assert ax.get_ylim() == pytest.approx((33.0 - 0.225, 37.5 + 0.225))          # band 33..37.5, 5 % margin
+    fig, (ax,) = F._new_figure()
+    ax.plot([0, 1], [50.0, 50.0])                                                 # flat: at least MIN_SPAN_PCT
+    ax._dapo_percent = True
+    F._percent_axis(ax)
+    assert ax.get_ylim() == pytest.approx((48.0 - 0.2, 52.0 + 0.2))
+    fig, (ax,) = F._new_figure()
+    ax.plot([0, 1], [0.0, 99.0])
+    ax.fill_between([0, 1], [-3.0, 97.0], [2.0, 103.0])                        # a band past 0 and 100: clipped
+    ax._dapo_percent = True
+    F._percent_axis(ax)
+    assert ax.get_ylim() == pytest.approx((-5.3, 105.3))                         # span 106 → margin 5.3
+
+
+def test_save_figure_same_bytes_every_time(loaded, sweep, tmp_path):
+    """PNG, PDF and SVG of one figure, drawn and saved twice (a second apart): identical bytes, no date inside."""
+    import time
+    from analysis import figures as F
+    tidy, configs = loaded
+    a = F.save_figure(F.fig2(tidy, sweep, configs=configs), tmp_path / "a" / "fig2", ("png", "pdf", "svg"))
+    time.sleep(1.1)
+    b = F.save_figure(F.fig2(tidy, sweep, configs=configs), tmp_path / "b" / "fig2", ("png", "pdf", "svg"))
+    for x, y in zip(a, b):
+        assert x.read_bytes() == y.read_bytes(), x.name
+    assert b"CreationDate" not in a[1].read_bytes() and b"<dc:date>" not in a[2].read_bytes()
 
 
 def test_figures_without_configs_use_overrides(loaded, sweep):
@@ -455,7 +556,7 @@ def test_cli_from_mlflow_without_torch_then_from_snapshot(store, tmp_path):
         import sys
         from analysis import runs, stats, figures, tables, report
         from bench import bench_analysis
-        assert report.main(["--tracking-uri", {uri!r}, "--sweep", {SWEEP!r}, "--out", {str(out)!r}]) == 0
+        assert report.main(["--tracking-uri", {uri!r}, "--sweep", {SWEEP!r}, "--to", {str(out)!r}]) == 0
         bad = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "vllm"))
         assert not bad, bad
         print("clean")
@@ -466,9 +567,50 @@ def test_cli_from_mlflow_without_torch_then_from_snapshot(store, tmp_path):
     meta = json.loads((out / "snapshot" / "meta.json").read_text())
     assert meta["mlflow_uri"] == uri and "--sweep tiny" in meta["command"]
     out2 = tmp_path / "res2"
-    assert main(["--from-snapshot", str(out / "snapshot"), "--out", str(out2), "--x", "rollout_step",
+    assert main(["--from-snapshot", str(out / "snapshot"), "--to", str(out2), "--x", "rollout_step",
                  "--final-k", "2", "--formats", "png"]) == 0
     assert not (out2 / "figures" / "fig2.pdf").exists()
     assert (out2 / "figures" / "fig2.png").exists() and "rollout step" in (out2 / "report.md").read_text()
     with pytest.raises(SystemExit):
         main(["--sweep", SWEEP, "--tracking-uri", uri, "--x", "wall"])
+
+
+def test_regenerate_from_snapshot_twice_gives_identical_bytes(store, tmp_path):
+    """`dapo figures --from-snapshot` twice over an unchanged snapshot: every file byte-identical
+    (figures carry no timestamps, the report's date is the snapshot's); the default output is the
+    folder holding the snapshot; a report from MLflow goes to <runs>/figures/<sweep>/ by default."""
+    from analysis.report import main
+    uri, _ = store
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    assert main(["--tracking-uri", uri, "--sweep", SWEEP, "--runs", str(runs), "--formats", "png,pdf,svg"]) == 0
+    res = runs / "figures" / SWEEP                                   # not results/<sweep>/
+    assert (res / "snapshot" / "runs.parquet").exists() and (res / "report.md").exists()
+    created = json.loads((res / "snapshot" / "meta.json").read_text())["created"]
+    assert f"generated from the runs as snapshotted {created}" in (res / "report.md").read_text()
+
+    def files():
+        return {p.relative_to(res).as_posix(): p.read_bytes() for p in sorted(res.rglob("*")) if p.is_file()}
+
+    assert main(["--from-snapshot", str(res / "snapshot"), "--formats", "png,pdf,svg"]) == 0   # in place
+    first = files()
+    assert main(["--from-snapshot", str(res / "snapshot"), "--formats", "png,pdf,svg"]) == 0
+    second = files()
+    assert first.keys() == second.keys() and {"figures/fig1.pdf", "figures/fig1.svg", "report.md"} <= first.keys()
+    assert [k for k in first if first[k] != second[k]] == []
+
+
+def test_old_option_names_still_work_with_a_deprecation_line(store, tmp_path, capsys):
+    from analysis.report import main
+    uri, _ = store
+    out = tmp_path / "old"
+    assert main(["--tracking-uri", uri, "--sweep", SWEEP, "--out", str(out), "--formats", "png", "--no-snapshot"]) == 0
+    err = capsys.readouterr().err
+    assert (out / "report.md").exists() and f"[figures] --out is deprecated: use --to {out}" in err
+    with pytest.raises(SystemExit):                                 # the old and the new name of one option
+        main(["--tracking-uri", uri, "--sweep", SWEEP, "--out", str(out), "--to", str(out)])
+    assert "--out is the old name of --to" in capsys.readouterr().err
+    with pytest.raises(SystemExit):                                 # --output (old --runs) without a store there
+        main(["--sweep", SWEEP, "--output", str(tmp_path / "nowhere")])
+    err = capsys.readouterr().err
+    assert "--output is deprecated: use --runs" in err and "point --runs at the sweep's output root" in err
