@@ -1,7 +1,10 @@
-"""The ``dapo`` command. Subcommands import their heavy parts lazily so ``--help`` is fast.
+"""The ``dapo`` command. Subcommands import their heavy parts lazily so ``--help`` is fast
+(``dapo train --help`` and every ``dapo train`` input error return before torch is imported).
 
+    dapo --version                    package version and git commit
     dapo train EXP.yaml [k=v ...]     run or resume one training run
-    dapo config EXP.yaml [k=v ...]    print the resolved config; --keys lists every key
+    dapo config EXP.yaml [k=v ...]    print the resolved config; --keys lists every key (EXP's values)
+    dapo runs [--sweep SPEC] [--output DIR]   the runs under DIR: arm, seed, status, step, metric, wall
     dapo sweep expand|submit|status|cancel SPEC ...   ablation sweeps (Slurm / local)
     dapo plan EXP [k=v ...] --cluster PROFILE   will it fit the GPUs, how long is a step
     dapo figures SPEC [--runs DIR] [--to DIR]   figures, Table 1 and report.md
@@ -11,12 +14,17 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+from pathlib import Path
 
 COMMANDS = {
     "train": ("dapo.train", "run (or resume) one training run: vLLM rollouts, rewards, dynamic sampling, "
                             "policy updates, eval, MLflow, checkpoints"),
     "config": ("dapo.cli", "print an experiment's resolved config (with overrides); --keys documents every key"),
+    "runs": ("dapo.runs_list", "list the runs under an output root (or of a sweep): arm, seed, status, last step, "
+                               "final metric, wall time, and the mlflow ui command"),
     "sweep": ("dapo.sweep", "expand / submit / status / cancel an ablation sweep (Slurm via submitit, or local)"),
     "plan": ("dapo.plan", "per-GPU memory and step time of an experiment on a cluster profile (arithmetic); "
                           "exit 1 when it does not fit"),
@@ -26,12 +34,13 @@ COMMANDS = {
     "demo": ("dapo.demo", "GRPO vs DAPO on the tiny model, end to end, into results/demo/"),
 }
 
-USAGE = "usage: dapo <command> [args]   (dapo <command> --help for details)\n\ncommands:\n" + "\n".join(
+USAGE = "usage: dapo <command> [args]   (dapo <command> --help for details; dapo --version)\n\ncommands:\n" + "\n".join(
     f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()) + """
 
 Every command reads the same typed config (dapo/config.py). Examples:
   dapo train experiments/tiny-dapo.yaml train.rollout_steps=3
   dapo config experiments/paper-dapo-32b.yaml --keys
+  dapo runs --output runs
   dapo sweep expand sweeps/table1.yaml
   dapo plan experiments/paper-dapo-32b.yaml --cluster example-gpu-cluster
   dapo sweep submit sweeps/table1-mini.yaml --cluster local
@@ -40,31 +49,119 @@ Every command reads the same typed config (dapo/config.py). Examples:
 
 
 def config_main(argv: list[str]) -> int:
-    import argparse
-    from dapo.config import ConfigError, field_docs, load_config, to_dict
+    from dapo.config import ConfigError, field_docs, flatten, load_config, to_dict
     p = argparse.ArgumentParser(prog="dapo config", description="Print the resolved config of an experiment.")
     p.add_argument("experiment", nargs="?", help="experiment YAML (omit with --keys for the defaults)")
     p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides")
-    p.add_argument("--keys", action="store_true", help="list every key with its default and a one-line doc")
+    p.add_argument("--keys", action="store_true",
+                   help="list every key with its value (EXP's, else the default), allowed values and a one-line doc")
     a = p.parse_args(argv)
-    if a.keys:
-        for key, default, text in field_docs():
-            print(f"{key:<42} {default:<22} {text}")
-        return 0
     try:
-        cfg = load_config(a.experiment, a.overrides)
+        cfg = load_config(a.experiment, a.overrides) if (a.experiment or a.overrides or not a.keys) else None
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if a.keys:
+        import json
+        values = flatten(to_dict(cfg)) if cfg is not None else {}
+        for key, default, text in field_docs():
+            shown = json.dumps(values[key], default=str) if key in values else default
+            print(f"{key:<42} {shown:<22} {text}")
+        return 0
     import yaml
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
     return 0
 
 
+TRAIN_EXAMPLE = ("example:\n  dapo train experiments/tiny-dapo.yaml train.rollout_steps=5 algo.clip.eps_high=0.2\n"
+                 "Running again with the same config resumes from the run directory's last checkpoint;\n"
+                 "a finished run exits at once. `dapo config --keys` lists every key.")
+
+
+def train_parser() -> argparse.ArgumentParser:
+    """``dapo train``'s arguments (light: building it imports nothing heavy)."""
+    p = argparse.ArgumentParser(
+        prog="dapo train",
+        description="Run (or resume) one training run: rollouts, rewards, dynamic sampling, "
+                    "policy updates, evaluation, MLflow logging and checkpoints.",
+        epilog=TRAIN_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("experiment", help="experiment YAML (see experiments/)")
+    p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides, e.g. algo.clip.eps_high=0.28")
+    p.add_argument("--run-dir", help="run directory (default: <output_dir>/runs/<name>-<config hash>)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the rollout engine's (vLLM's) log on the terminal too (default: only in "
+                        "<run dir>/engine.log)")
+    return p
+
+
+def mlflow_ui_command(uri: str) -> str:
+    """The command that browses the MLflow store ``uri``."""
+    import shlex
+    return f"mlflow ui --backend-store-uri {shlex.quote(uri)}"
+
+
+def train_main(argv: list[str]) -> int:
+    """``dapo train``: every input is checked (config, data, model, eval sets) before the run
+    directory exists; one line and exit status 2 for each problem. A finished run exits at once."""
+    if not argv:
+        print(train_parser().format_usage() + TRAIN_EXAMPLE, file=sys.stderr)
+        return 2
+    a = train_parser().parse_args(argv)
+    from dapo.config import ConfigError, config_hash, load_config, to_dict
+    from dapo.preflight import check_run, finished_summary
+    try:
+        cfg = load_config(a.experiment, a.overrides)
+        if a.print_config:
+            import yaml
+            print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            return 0
+        check_run(cfg, a.experiment)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = Path(a.run_dir) if a.run_dir else Path(cfg.output_dir) / "runs" / f"{cfg.name}-{config_hash(cfg)}"
+    main_rank = int(os.environ.get("RANK", "0") or 0) == 0
+    done = finished_summary(run_dir)
+    if done is not None:
+        if main_rank:
+            print(f"already finished: {run_dir}" + (f"\n  browse: {mlflow_ui_command(done['mlflow_uri'])}"
+                                                    if isinstance(done.get("mlflow_uri"), str) else ""))
+        return 0
+    from dapo.logs import route_engine_logs
+    route_engine_logs(run_dir, verbose=a.verbose)
+    from dapo.train import train
+    summary = train(cfg, run_dir)
+    if main_rank and isinstance(summary, dict) and summary.get("mlflow_uri"):
+        print(f"[dapo] browse the run: {mlflow_ui_command(summary['mlflow_uri'])}", flush=True)
+    return 0
+
+
+def version() -> str:
+    """``dapo <version> (commit <sha>)``."""
+    from dapo import __version__
+    from dapo.tracking import git_commit
+    return f"dapo {__version__} (commit {git_commit()})"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        rc = _dispatch(argv)
+        sys.stdout.flush()       # inside the try: a closed pipe fails here, not in the interpreter's exit
+        return rc
+    except BrokenPipeError:   # `dapo sweep expand ... | head -1`: the reader left; exit quietly, as other CLIs do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())    # so the interpreter's final flush does not fail again
+        return 141                               # 128 + SIGPIPE, what a shell reports for `yes | head -1`
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
+        return 0
+    if argv[0] in ("--version", "-V", "version"):
+        print(version())
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
@@ -72,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if cmd == "config":
         return config_main(rest)
+    if cmd == "train":
+        return train_main(rest)
     import importlib
     mod = importlib.import_module(COMMANDS[cmd][0])
     return int(mod.main(rest) or 0)

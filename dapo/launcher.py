@@ -161,7 +161,9 @@ class RunJob(submitit.helpers.Checkpointable):
             _write_json(run_dir / "job.json", {"job_id": env.job_id, "host": env.hostname,
                                                "started": _now(), "world": world})
         if world == 1:
+            from dapo.logs import route_engine_logs
             from dapo.train import train
+            route_engine_logs(run_dir)          # vLLM's start-up lines: <run dir>/engine.log, not the job log
             return train(cfg, run_dir, tags={"dapo.job_id": env.job_id})
         config_path = run_dir / f".launch-config.node{env.node}.yaml"
         import yaml

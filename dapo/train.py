@@ -19,7 +19,6 @@ The loop knows nothing about Slurm; the launcher knows nothing about losses.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -36,7 +35,7 @@ import torch
 from dapo import algo, faults
 from dapo.base_model import resolve_policy_path
 from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from dapo.config import Config, config_hash, flatten, load_config, to_dict
+from dapo.config import Config, config_hash, flatten, to_dict
 from dapo.evaluate import evaluate
 from dapo.logprobs import old_logprobs, response_loss_mask, response_mask, single_step_on_policy
 from dapo.rollout import make_rollout_engine, rollout_with_retry, round_seed
@@ -374,29 +373,10 @@ def _yaml(d: dict) -> str:
 
 # =========================================================================== CLI
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="dapo train",
-        description="Run (or resume) one training run: rollouts, rewards, dynamic sampling, "
-                    "policy updates, evaluation, MLflow logging and checkpoints.",
-        epilog="Example: dapo train experiments/tiny-dapo.yaml train.rollout_steps=5 algo.clip.eps_high=0.2\n"
-               "Running again with the same config resumes from the run directory's last checkpoint.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", help="experiment YAML (see experiments/)")
-    p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides, e.g. algo.clip.eps_high=0.28")
-    p.add_argument("--run-dir", help="run directory (default: <output_dir>/runs/<name>-<config hash>)")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    a = p.parse_args(argv)
-    from dapo.config import ConfigError
-    try:
-        cfg = load_config(a.experiment, a.overrides)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if a.print_config:
-        print(_yaml(to_dict(cfg)))
-        return 0
-    train(cfg, a.run_dir)
-    return 0
+    """``dapo train`` / ``python -m dapo.train`` (what ``accelerate launch`` starts): the command
+    line, the input checks and the finished-run check live in :func:`dapo.cli.train_main`."""
+    from dapo.cli import train_main
+    return train_main(sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":

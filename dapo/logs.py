@@ -1,0 +1,56 @@
+"""Where the rollout engine's log goes: ``<run dir>/engine.log``, and the terminal only with ``--verbose``.
+
+vLLM prints ~45 INFO/WARNING lines each time an engine starts (configuration, memory, compile,
+KV cache) and one warning per weight sync::
+
+    RotaryEmbedding: Failed to load weights
+
+That warning is harmless. vLLM's layer-wise reload (``model_executor/model_loader/reload/
+layerwise.py``, ``finalize_layerwise_processing``) counts every parameter *and buffer* of a layer
+as loadable; a rotary embedding has one buffer, ``cos_sin_cache``, computed from the model config
+(rope theta, max positions) and never part of a checkpoint, so no pushed weight reaches it, the
+layer reads as "failed to load", and vLLM puts its own cache back (``_place_kernel_tensors``).
+The trained weights all arrive; the cache is the same before and after.
+
+vLLM configures its loggers when it is first imported, from ``VLLM_LOGGING_CONFIG_PATH`` (a
+``logging.config.dictConfig`` JSON file); engine-core subprocesses inherit the variable. So
+:func:`route_engine_logs` writes that file before the engine exists. A variable the user set
+(``VLLM_LOGGING_CONFIG_PATH`` or ``VLLM_CONFIGURE_LOGGING``) wins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+__all__ = ["route_engine_logs", "ENGINE_LOG"]
+
+ENGINE_LOG = "engine.log"
+_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
+
+
+def logging_config(log_file: Path, verbose: bool) -> dict:
+    """A dictConfig sending the ``vllm`` logger to ``log_file`` (and stderr when ``verbose``)."""
+    handlers = {"engine_file": {"class": "logging.FileHandler", "filename": str(log_file), "mode": "a",
+                                "formatter": "plain", "level": "INFO"}}
+    if verbose:
+        handlers["engine_stream"] = {"class": "logging.StreamHandler", "formatter": "plain", "level": "INFO",
+                                     "stream": "ext://sys.stdout"}
+    return {"version": 1, "disable_existing_loggers": False,
+            "formatters": {"plain": {"format": _FORMAT, "datefmt": "%m-%d %H:%M:%S"}},
+            "handlers": handlers,
+            "loggers": {"vllm": {"handlers": sorted(handlers), "level": "INFO", "propagate": False}}}
+
+
+def route_engine_logs(run_dir: str | os.PathLike, verbose: bool = False) -> Path | None:
+    """Send vLLM's log to ``<run_dir>/engine.log`` (and the terminal when ``verbose``); the log path,
+    or None when the user configured vLLM's logging already. Call before vLLM is imported."""
+    if os.environ.get("VLLM_LOGGING_CONFIG_PATH") or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
+        return None
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = run_dir / ".engine-logging.json"
+    cfg_path.write_text(json.dumps(logging_config((run_dir / ENGINE_LOG).resolve(), verbose), indent=1))
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(cfg_path.resolve())
+    return run_dir / ENGINE_LOG

@@ -1,0 +1,135 @@
+"""``dapo runs [--sweep SPEC] [--output DIR]``: the runs under an output root, from their run directories.
+
+One row per run: arm, seed, run id, status (done / failed / stopped / not started), last rollout step
+of total, final metric, wall time; then the ``mlflow ui`` command for the store(s) the runs log to.
+Reads only run directories (``config.yaml``, ``summary.json``, ``failed.json``, checkpoints'
+``state.json``, ``mlflow_run.json``): no MLflow, no torch, so it is instant and works on a copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from dapo.config import ConfigError, safe_yaml_file
+from dapo.preflight import finished_summary
+
+__all__ = ["run_rows", "main"]
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _last_checkpoint(run_dir: Path) -> tuple[int, dict | None]:
+    """(rollout step, state.json) of the newest complete checkpoint, or (0, None)."""
+    ck = run_dir / "checkpoints"
+    steps = sorted(p for p in ck.glob("step_*") if (p / "state.json").is_file()) if ck.is_dir() else []
+    if not steps:
+        return 0, None
+    try:
+        return int(steps[-1].name.split("_")[1]), _json(steps[-1] / "state.json")
+    except ValueError:
+        return 0, None
+
+
+def _config(run_dir: Path) -> dict:
+    try:
+        cfg = safe_yaml_file(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else {}
+    except ConfigError:
+        cfg = {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _final_metric(summary: dict | None, metric: str | None) -> tuple[str, float | None]:
+    """(metric name, value) from summary.json's final_eval: ``metric`` if given, else the first avg@k."""
+    ev = (summary or {}).get("final_eval") or {}
+    if not isinstance(ev, dict):
+        return metric or "", None
+    name = metric or next((k for k in ev if "/avg_at_" in k), next(iter(ev), ""))
+    value = ev.get(name)
+    return name, float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def run_row(run_dir: Path, metric: str | None = None, arm: str = "", seed: Any = "") -> dict[str, Any]:
+    """One run directory → {arm, seed, run_id, status, step, total, metric, value, wall_s, tracking_uri}."""
+    cfg = _config(run_dir)
+    log, tr = cfg.get("logging") or {}, cfg.get("train") or {}
+    summary = finished_summary(run_dir)
+    step, state = _last_checkpoint(run_dir)
+    if summary is not None:
+        status = "done"
+        step = summary.get("rollout_steps", step)
+    elif (run_dir / "failed.json").is_file():
+        status = "failed"
+    elif run_dir.is_dir():
+        status = "stopped"      # started, not finished: running now, or killed (rerun to resume)
+    else:
+        status = "not started"
+    name, value = _final_metric(summary, metric)
+    wall = (summary or {}).get("wall_s", (state or {}).get("wall_s"))
+    uri = (_json(run_dir / "mlflow_run.json") or {}).get("tracking_uri") or (summary or {}).get("mlflow_uri")
+    return {"arm": log.get("arm") or arm or "-", "seed": tr.get("seed", seed), "run_id": run_dir.name,
+            "status": status, "step": step, "total": tr.get("rollout_steps", "?"), "metric": name, "value": value,
+            "wall_s": wall if isinstance(wall, (int, float)) else None, "tracking_uri": uri}
+
+
+def run_rows(output: str | Path = "runs", spec: str | None = None) -> list[dict[str, Any]]:
+    """Rows for every run under ``<output>/runs/`` (sorted), or for every job of the sweep ``spec``."""
+    out = Path(output)
+    if spec is not None:
+        from dapo.sweep_spec import expand, load_spec
+        s = load_spec(spec)
+        return [run_row(j.run_dir, s.metric, j.arm, j.seed) for j in expand(s, out)]
+    root = out / "runs"
+    dirs = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    return [run_row(d) for d in dirs]
+
+
+def _fmt_wall(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="dapo runs", description=__doc__.split("\n\n")[0])
+    p.add_argument("--output", default="runs", metavar="DIR", help="output root: runs in DIR/runs/ (default: runs)")
+    p.add_argument("--sweep", metavar="SPEC", help="only the jobs of this sweep spec (its metric is shown)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    a = p.parse_args(argv)
+    try:
+        rows = run_rows(a.output, a.sweep)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print(f"no runs under {Path(a.output).resolve() / 'runs'}")
+        return 0
+    from dapo.sweep import _table
+    metric = next((r["metric"] for r in rows if r["metric"]), "final metric")
+    print(_table([[r["arm"], r["seed"], r["run_id"], r["status"], f"{r['step']}/{r['total']}",
+                   "-" if r["value"] is None else f"{r['value']:.4f}", _fmt_wall(r["wall_s"])] for r in rows],
+                 ["arm", "seed", "run_id", "status", "step", metric, "wall"]))
+    from dapo.cli import mlflow_ui_command
+    from dapo.tracking import default_tracking_uri
+    uris = list(dict.fromkeys(r["tracking_uri"] for r in rows if r["tracking_uri"]))
+    if not uris:
+        uris = [default_tracking_uri(a.output)] if (Path(a.output) / "mlruns.db").is_file() else []
+    for uri in uris:
+        print(f"browse: {mlflow_ui_command(uri)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
