@@ -359,7 +359,7 @@ def test_sweep_logs_through_the_server_and_figures_match_sqlite(server, tmp_path
     keys = {k for r in runs for k in r.data.metrics}
     from analysis.report import main as figures   # `dapo figures`, in this process (saves its start-up)
     offset = server.srv.log_path.stat().st_size
-    assert figures([str(spec), "--tracking-uri", uri, "--out", str(tmp_path / "fig-server"), "--formats", "png"]) == 0
+    assert figures([str(spec), "--tracking-uri", uri, "--to", str(tmp_path / "fig-server"), "--formats", "png"]) == 0
     with open(server.srv.log_path, "rb") as f:
         f.seek(offset)
         requests_log = f.read().decode(errors="replace")
@@ -370,7 +370,7 @@ def test_sweep_logs_through_the_server_and_figures_match_sqlite(server, tmp_path
     sqlite_uri = f"sqlite:///{tmp_path / 'copy' / 'mlruns.db'}"
     (tmp_path / "copy").mkdir()
     copy_runs(uri, sqlite_uri, "pgsweep", tmp_path / "copy" / "artifacts")
-    assert figures([str(spec), "--tracking-uri", sqlite_uri, "--out", str(tmp_path / "fig-sqlite"),
+    assert figures([str(spec), "--tracking-uri", sqlite_uri, "--to", str(tmp_path / "fig-sqlite"),
                     "--formats", "png"]) == 0
     t_server = pd.read_csv(tmp_path / "fig-server" / "table1.csv")
     t_sqlite = pd.read_csv(tmp_path / "fig-sqlite" / "table1.csv")
