@@ -69,7 +69,7 @@ class ClusterProfile:
 _PROFILE_KEYS = {"name", "description", "executor", "partition", "account", "qos", "constraint", "limits",
                  "max_array_parallel", "setup", "python", "env", "signal_delay_s", "gpu_memory_gib",
                  "tracking_uri", "tracking_password_env", "tracking_password_file"}
-_TRACKING_SCHEMES = {"http", "https", "postgresql", "postgres", "mysql", "mssql", "sqlite"}
+_TRACKING_SCHEMES = {"http", "https", "postgresql", "mysql", "mssql", "sqlite"}   # SQLAlchemy: no postgres://
 _LIMIT_KEYS = {"nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "time_min"}
 _CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9._,&|\[\]*:-]+$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
