@@ -1,7 +1,7 @@
 """Benchmark: regenerate every figure and table from a results snapshot.
 
 Builds a synthetic Table-1 ladder (6 arms × 3 seeds = 18 runs × 500 gradient steps, every
-metric of DESIGN.md §3 at every step, evaluations every 5 steps), writes it as a snapshot,
+metric of docs/METRICS.md at every step, evaluations every 5 steps), writes it as a snapshot,
 then times load_snapshot → figures (PNG + PDF) → tables → report.md. Target: < 10 s.
 
     .venv/bin/python -m bench.bench_analysis [--out DIR] [--steps 500] [--seeds 3]

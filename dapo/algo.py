@@ -1,4 +1,4 @@
-"""GRPO / DAPO math as small pure tensor functions (DESIGN.md §2).
+"""GRPO / DAPO math as small pure tensor functions (the steps they serve: docs/METRICS.md).
 
 Notation, used in every docstring: B prompts per rollout step, G responses per prompt,
 N = B·G rows, L padded response length, V vocabulary size. `mask: [N, L]` marks real
@@ -176,7 +176,7 @@ def policy_loss(
       approx_kl             k3 estimate of KL(π_old ‖ π_θ): mean of (r − 1) − log r, which
                             is unbiased on π_old's samples and ≥ 0 per token
       ratio_mean, ratio_max r over masked tokens
-      token_prob_mean       mean exp(logp) (DESIGN §3 `train/token_prob_mean`)
+      token_prob_mean       mean exp(logp) (logged as `train/token_prob_mean`, docs/METRICS.md)
     """
     if dual_clip_c is not None and dual_clip_c <= 1.0:
         raise ValueError(f"dual_clip_c must be > 1 (or None to disable), got {dual_clip_c}")

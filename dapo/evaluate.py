@@ -1,4 +1,4 @@
-"""Evaluation: avg@k, pass@k and cons@k per eval set, from k samples per problem (DESIGN.md §2, step 9).
+"""Evaluation: avg@k, pass@k and cons@k per eval set, from k samples per problem (step 8 of the loop, docs/METRICS.md).
 
 The per-problem numbers come from :mod:`dapo.algo` (``avg_at_k``, ``pass_at_k`` with n = k,
 ``cons_at_k``); an eval set's number is their mean over its problems.

@@ -1,6 +1,6 @@
 """Rollouts: sample prompts, generate G responses each, score them, keep informative groups.
 
-One rollout step (DESIGN.md §2, steps 1-4 of Algorithm 1):
+One rollout step (steps 1-3 of the loop in docs/METRICS.md, Algorithm 1 of the paper):
 
     sample B' prompts → generate G each (one *round*, :func:`generate_round`) → score ±1
     (+ soft overlong penalty) → dynamic sampling keeps groups with 0 < #correct < G and

@@ -1,6 +1,6 @@
 """The one training loop every job of every sweep runs: ``dapo train EXP.yaml [k=v ...]``.
 
-Read :func:`_train` top to bottom: it is the paper's Algorithm 1 (DESIGN.md §2), one named
+Read :func:`_train` top to bottom: it is the paper's Algorithm 1 (steps: docs/METRICS.md), one named
 call per step, each in its own module:
 
     sample prompts → generate G responses each → score → dynamic sampling (keep 0 < #correct < G,

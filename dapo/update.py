@@ -1,4 +1,4 @@
-"""The policy update: μ optimizer steps over one rollout batch (DESIGN.md §2, steps 6-7).
+"""The policy update: μ optimizer steps over one rollout batch (step 6 of the loop, docs/METRICS.md).
 
 :class:`Policy` holds what the update needs (model, optimizer, scheduler, precision,
 rank/world); :func:`update_policy` splits the batch into mini-batches (one optimizer step

@@ -1,4 +1,4 @@
-"""Weight sync: push the trainer's current weights into the rollout engine (DESIGN.md §2, step 8)."""
+"""Weight sync: push the trainer's current weights into the rollout engine (step 7 of the loop, docs/METRICS.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""dapo.algo, each formula three ways (DESIGN.md §4): hand-derived numbers, a slow reference
+"""dapo.algo, each formula three ways: hand-derived numbers, a slow reference
 written from the paper's equations (python loops over tokens) on random inputs, and
 invariances. Plus gradient flow and edge cases."""
 
