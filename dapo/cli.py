@@ -96,14 +96,19 @@ def train_parser() -> argparse.ArgumentParser:
 
 
 def mlflow_ui_command(uri: str) -> str:
-    """The command that browses the MLflow store ``uri``."""
+    """The command that browses the MLflow store ``uri`` (a tracking server is its own UI)."""
     import shlex
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri} in a browser (the MLflow server serves the UI)"
     return f"mlflow ui --backend-store-uri {shlex.quote(uri)}"
 
 
-def train_main(argv: list[str]) -> int:
+def train_main(argv: list[str], train_fn=None) -> int:
     """``dapo train``: every input is checked (config, data, model, eval sets) before the run
-    directory exists; one line and exit status 2 for each problem. A finished run exits at once."""
+    directory exists; one line and exit status 2 for each problem. A finished run exits at once.
+
+    ``train_fn`` is :func:`dapo.train.train` (``dapo.train.main`` passes it; ``dapo train`` loads the
+    module by name, as every subcommand is loaded, once the inputs are known to be good)."""
     if not argv:
         print(train_parser().format_usage() + TRAIN_EXAMPLE, file=sys.stderr)
         return 2
@@ -130,8 +135,10 @@ def train_main(argv: list[str]) -> int:
         return 0
     from dapo.logs import route_engine_logs
     route_engine_logs(run_dir, verbose=a.verbose)
-    from dapo.train import train
-    summary = train(cfg, run_dir)
+    if train_fn is None:
+        import importlib
+        train_fn = importlib.import_module(COMMANDS["train"][0]).train
+    summary = train_fn(cfg, run_dir)
     if main_rank and isinstance(summary, dict) and summary.get("mlflow_uri"):
         print(f"[dapo] browse the run: {mlflow_ui_command(summary['mlflow_uri'])}", flush=True)
     return 0

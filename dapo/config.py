@@ -562,7 +562,11 @@ class _Loader(yaml.SafeLoader):
 def safe_yaml_text(text: str, where: str) -> Any:
     """``yaml.safe_load`` of ``text`` without alias bombs or repeated keys; a ConfigError naming ``where``."""
     try:
-        return yaml.load(text, Loader=_Loader)   # noqa: S506 - _Loader is a SafeLoader
+        loader = _Loader(text)      # what yaml.safe_load does, with this SafeLoader subclass
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except RecursionError:
         raise ConfigError(f"{where}: YAML nested too deeply") from None
     except _RefusedYaml as exc:

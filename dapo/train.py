@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     """``dapo train`` / ``python -m dapo.train`` (what ``accelerate launch`` starts): the command
     line, the input checks and the finished-run check live in :func:`dapo.cli.train_main`."""
     from dapo.cli import train_main
-    return train_main(sys.argv[1:] if argv is None else list(argv))
+    return train_main(sys.argv[1:] if argv is None else list(argv), train)
 
 
 if __name__ == "__main__":
