@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .arms import arms_with_runs
-from .metric_names import dataset_name, is_paper_metric, metric_scale, metric_short, primary_metric
+from .metric_names import dataset_name, is_paper_metric, mask_undefined, metric_scale, metric_short, primary_metric
 from .runs import SweepInfo
 from .stats import bootstrap_ci, run_finals
 
@@ -108,9 +108,10 @@ def compare_table(tidy: pd.DataFrame, arm_a: str, arm_b: str, *, final_k: int = 
     """Every logged metric: final value (mean of each run's last final_k points), mean over seeds,
     for arm_a and arm_b, and ``diff = b − a``. Accuracies in %, other metrics as logged.
 
-    Columns: metric, unit, <arm_a>, <arm_b>, diff, n_a, n_b.
+    Columns: metric, unit, <arm_a>, <arm_b>, diff, n_a, n_b. Points that are undefined
+    (``metric_names.mask_undefined``: no up-clipped token) are left out, not averaged in as 0.
     """
-    d = tidy[tidy["arm"].isin([arm_a, arm_b])]
+    d = mask_undefined(tidy[tidy["arm"].isin([arm_a, arm_b])])
     d = d.sort_values(["run", "metric", "grad_step"], kind="stable")
     last = d.groupby(["run", "metric"], sort=False).tail(final_k)
     per_run = last.groupby(["arm", "run", "metric"], sort=False)["value"].mean().reset_index()

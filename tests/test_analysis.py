@@ -400,6 +400,13 @@ def test_mask_undefined_up_clipped_prob():
     # without the witness metric: a value of exactly 0 is the undefined one
     only = mask_undefined(_curve_tidy({"train/up_clipped_prob_mean": [0.0, 0.4]}))
     assert np.isnan(only["value"].iloc[0]) and only["value"].iloc[1] == 0.4
+    # the comparison table averages the defined points only: (0.3 + 0.25) / 2, not (0 + 0.3 + 0 + 0.25) / 4
+    from analysis.tables import compare_table
+    two = pd.concat([tidy, _curve_tidy({"train/up_clipped_prob_mean": [0.5] * 4, "train/clip_frac_high": [0.1] * 4},
+                                       arm="b", run="r1")], ignore_index=True)
+    c = compare_table(two, "a", "b", final_k=4).set_index("metric")
+    assert c.loc["train/up_clipped_prob_mean", "a"] == pytest.approx(0.275)
+    assert c.loc["train/up_clipped_prob_mean", "diff"] == pytest.approx(0.5 - 0.275)
 
 
 def test_fig3_steps_without_up_clipped_tokens_are_missing():
