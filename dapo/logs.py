@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 __all__ = ["route_engine_logs", "ENGINE_LOG"]
@@ -46,6 +47,8 @@ def logging_config(log_file: Path, verbose: bool) -> dict:
 def route_engine_logs(run_dir: str | os.PathLike, verbose: bool = False) -> Path | None:
     """Send vLLM's log to ``<run_dir>/engine.log`` (and the terminal when ``verbose``); the log path,
     or None when the user configured vLLM's logging already. Call before vLLM is imported."""
+    if not verbose:   # vLLM's own deprecation notices about torch (two per start), not about this code
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
     if os.environ.get("VLLM_LOGGING_CONFIG_PATH") or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
         return None
     run_dir = Path(run_dir)
