@@ -339,7 +339,7 @@ def copy_runs(src: str, dst: str, experiment: str, artifacts: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sweep_logs_through_the_server_and_figures_match_sqlite(server, tmp_path):
+def test_sweep_logs_through_the_server_and_figures_match_sqlite(server, tmp_path, capsys):
     uri = server.srv.uri
     spec = write_spec(tmp_path, "pgsweep", [0, 1])
     prof = write_profile(tmp_path, "labserver", tracking_uri=uri)
@@ -352,6 +352,13 @@ def test_sweep_logs_through_the_server_and_figures_match_sqlite(server, tmp_path
     assert not list(out.rglob("mlruns.db"))                              # nothing went to a sqlite file
     for summary in out.glob("runs/*/summary.json"):
         assert json.loads(summary.read_text())["mlflow_uri"] == uri
+    from dapo.runs_list import main as runs_main    # `dapo runs`: the run directories, and where to browse them
+    capsys.readouterr()
+    assert runs_main(["--output", str(out), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["status"] for r in rows] == ["done"] * 4 and {r["tracking_uri"] for r in rows} == {uri}
+    assert runs_main(["--output", str(out)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"browse: open {uri} in a browser (the MLflow server serves the UI)"
 
     from mlflow.tracking import MlflowClient
     runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("pgsweep").experiment_id])
