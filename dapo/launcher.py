@@ -474,10 +474,13 @@ def _init_tracking(jobs: list[Job], profile: ClusterProfile) -> None:
             continue
         seen.add(uri)
         from mlflow.tracking import MlflowClient
+
+        from dapo.tracking import artifact_location
         client = MlflowClient(tracking_uri=uri)
         if client.get_experiment_by_name(j.config.logging.experiment) is None:
             try:
-                client.create_experiment(j.config.logging.experiment)
+                client.create_experiment(j.config.logging.experiment,
+                                         artifact_location=artifact_location(uri, j.config.logging.experiment))
             except Exception:  # noqa: BLE001 - created concurrently
                 pass
 

@@ -4,7 +4,7 @@
     python -m dapo.mlflow_server --backend-store-uri postgresql://mlflow@db.lab:5432/mlflow \
         --password-file ~/.dapo/pg-password --artifacts-destination /shared/mlartifacts --port 5000
 
-starts ``mlflow server`` over a backend store (default ``sqlite:///<root>/mlflow.db``; a
+starts ``mlflow server`` over a backend store (default ``sqlite:///<root>/mlruns.db``; a
 ``postgresql://`` URI for a lab's database) with artifacts in ``--artifacts-destination``
 (default ``<root>/mlartifacts``; served through the server, so jobs need no access to it),
 bound to **127.0.0.1 only**, waits until it answers, prints the tracking URI jobs should use
@@ -114,7 +114,7 @@ def start_server(root: str | os.PathLike, *, host: str = LOOPBACK, port: int = 0
                  allowed_hosts: list[str] | None = None) -> MlflowServer:
     """Start ``mlflow server`` on ``host:port`` (0 = a free port) over ``backend_store_uri``.
 
-    The default store is ``sqlite:///<root>/mlflow.db``, artifacts ``<root>/mlartifacts``; the
+    The default store is ``sqlite:///<root>/mlruns.db``, artifacts ``<root>/mlartifacts``; the
     server log is ``<root>/mlflow-server.log``. A store password comes from ``password_file``
     or the variable ``password_env`` and reaches the server only through its environment
     (``PGPASSWORD``); a URI holding one raises TrackingError. Returns once ``/health``
@@ -125,7 +125,7 @@ def start_server(root: str | os.PathLike, *, host: str = LOOPBACK, port: int = 0
     """
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    backend = backend_store_uri or f"sqlite:///{root / 'mlflow.db'}"
+    backend = backend_store_uri or f"sqlite:///{root / 'mlruns.db'}"
     refuse_password(backend, "--backend-store-uri")
     # MLflow 3 also starts ~8 background job consumers (GenAI jobs); a sweep's store needs none
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -180,10 +180,10 @@ def _tail(path: Path, n: int = 20) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dapo.mlflow_server", description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default="runs",
-                   help="directory of the server log (and of mlflow.db / mlartifacts/ by default; default: runs)")
+                   help="directory of the server log (and of mlruns.db / mlartifacts/ by default; default: runs)")
     p.add_argument("--backend-store-uri", metavar="URI",
                    help="where runs are stored: postgresql://USER@HOST:PORT/DB (no password in it) or "
-                        "sqlite:///PATH (default: sqlite:///<root>/mlflow.db)")
+                        "sqlite:///PATH (default: sqlite:///<root>/mlruns.db)")
     p.add_argument("--artifacts-destination", metavar="DIR", help="artifact root (default: <root>/mlartifacts)")
     pw = p.add_mutually_exclusive_group()
     pw.add_argument("--password-file", metavar="PATH", help="file whose first line is the store's password")
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TrackingError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    store = redact(a.backend_store_uri) if a.backend_store_uri else srv.root / "mlflow.db"
+    store = redact(a.backend_store_uri) if a.backend_store_uri else srv.root / "mlruns.db"
     print(f"MLflow server for sweeps at {srv.uri} (store {store}, log {srv.log_path}).\n"
           f"Jobs log to it with (tracking URI: {srv.uri}):\n"
           f"  dapo sweep submit SPEC --set logging.tracking_uri={srv.uri}\n"

@@ -138,6 +138,14 @@ def store_lock(uri: str, timeout_s: float = 600.0) -> Iterator[None]:
         os.close(fd)   # releases the lock
 
 
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """Where a new experiment of a ``sqlite:///`` store keeps its artifacts: ``<store dir>/mlartifacts/
+    <experiment>`` beside the database (MLflow's own default is ``./mlruns`` of the working directory,
+    outside the output root). None for a server or database URI: the server decides."""
+    path = _sqlite_path(uri)
+    return (path.resolve().parent / "mlartifacts" / experiment).as_uri() if path is not None else None
+
+
 def default_tracking_uri(output_dir: str | os.PathLike) -> str:
     """The embedded default store: ``sqlite:///<output_dir>/mlruns.db``."""
     p = Path(output_dir).resolve()
@@ -353,7 +361,8 @@ class Tracker:
             exp = self._call(self.client.get_experiment_by_name, experiment, what="get experiment")
             if exp is None:
                 try:
-                    exp_id = self._call(self.client.create_experiment, experiment, what="create experiment")
+                    exp_id = self._call(self.client.create_experiment, experiment, what="create experiment",
+                                        artifact_location=artifact_location(tracking_uri, experiment))
                 except Exception:  # another job (or another machine) created it concurrently
                     exp_id = self._call(self.client.get_experiment_by_name, experiment,
                                         what="get experiment").experiment_id

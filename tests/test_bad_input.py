@@ -391,3 +391,19 @@ def test_engine_log_goes_to_the_run_dir_and_to_the_terminal_only_when_verbose(tm
     for h in logging.getLogger("vllm").handlers:
         h.close()
     logging.getLogger("vllm").handlers.clear()
+
+
+def test_a_run_writes_its_mlflow_artifacts_under_its_output_dir_not_the_working_dir(tmp_path, monkeypatch):
+    """MLflow's default artifact root is ./mlruns of the working directory; the store's experiments
+    keep theirs beside the database instead."""
+    from dapo.tracking import Tracker
+    work, out = tmp_path / "cwd", tmp_path / "out"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    uri = f"sqlite:///{out / 'mlruns.db'}"
+    tr = Tracker(uri, "exp", "run")
+    (tmp_path / "config.yaml").write_text("a: 1\n")
+    tr.log_artifact(tmp_path / "config.yaml")
+    tr.finish()
+    assert list(work.iterdir()) == []
+    assert (out / "mlartifacts" / "exp" / tr.run_uuid / "artifacts" / "config.yaml").read_text() == "a: 1\n"
