@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 __all__ = ["DistInfo", "init_distributed", "destroy_distributed", "launcher_world_size",
-           "all_gather_object", "broadcast_object", "barrier", "all_reduce_sum",
-           "is_sharded", "shard_causal_lm", "load_sharded_causal_lm", "clip_grad_norm",
+           "all_gather_object", "broadcast_object", "barrier", "all_reduce_sum", "max_over_ranks",
+           "is_sharded", "shard_causal_lm", "final_state_dict", "load_sharded_causal_lm", "clip_grad_norm",
            "full_tensor", "split_for_rank"]
 
 
@@ -79,9 +79,11 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
     return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device)
 
 
-def destroy_distributed() -> None:
+def destroy_distributed(world: int) -> None:
+    """Destroy the process group :func:`init_distributed` created (none for one process: a
+    group that exists then is vLLM's own, and vLLM tears it down)."""
     import torch.distributed as dist
-    if dist.is_initialized():
+    if world > 1 and dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -121,6 +123,16 @@ def all_reduce_sum(values: dict[str, float], world: int) -> dict[str, float]:
     t = torch.tensor([float(values.get(k, 0.0)) for k in keys], dtype=torch.float64)
     dist.all_reduce(t)
     return dict(zip(keys, t.tolist()))
+
+
+def max_over_ranks(n: int, world: int) -> int:
+    """The largest ``n`` of all ranks (e.g. micro-batch counts that must match under sharding)."""
+    if world == 1:
+        return n
+    import torch.distributed as dist
+    t = torch.tensor([n], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def split_for_rank(n: int, rank: int, world: int) -> list[int]:
@@ -202,6 +214,15 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     same order); a plain tensor as is."""
     from torch.distributed.tensor import DTensor
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def final_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """The full state dict on CPU for saving a final HF model: a sharded model is gathered (every
+    rank must call this; rank 0 gets the tensors, the others an empty dict); a plain one as is."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def clip_grad_norm(parameters, max_norm: float) -> float:

@@ -154,9 +154,14 @@ def _assemble(kept: list[tuple[list[int], list[Any], torch.Tensor]], cfg: Config
 
 
 # =========================================================================== the engine
-def make_rollout_engine(cfg: Config, model_path, device: torch.device, trainer_model):
-    """The rollout engine of ``cfg.rollout.engine`` on ``model_path`` (rollout dtype: bf16 on CUDA unless set)."""
+def make_rollout_engine(cfg: Config, model_path, device: torch.device, trainer_model, *, rank: int = 0,
+                        world: int = 1):
+    """This rank's engine of ``cfg.rollout.engine`` on ``model_path`` (rollout dtype: bf16 on CUDA unless
+    set), driven as the job's one engine (`RankShardedEngine`): each call's prompts are dealt out over
+    the engines (``rollout.tensor_parallel_size`` ranks each) and the completions all-gathered in order.
+    With several ranks every rank calls this at the same time (vLLM builds its groups over all ranks)."""
     from dapo.engines import make_engine
+    from dapo.engines.sharded import RankShardedEngine
     rdtype = cfg.model.rollout_dtype if cfg.model.rollout_dtype != "auto" else (
         "bfloat16" if device.type == "cuda" else cfg.model.train_dtype)
     kw = {}
@@ -164,9 +169,16 @@ def make_rollout_engine(cfg: Config, model_path, device: torch.device, trainer_m
         kw = {"kv_cache_space_gib": cfg.rollout.vllm_kv_cache_gib,
               "gpu_memory_utilization": cfg.rollout.gpu_memory_utilization,
               "max_model_len": cfg.data.max_prompt_tokens + max(cfg.rollout.max_new_tokens,
-                                                                 cfg.eval.max_new_tokens or 0)}
-    return make_engine(cfg.rollout.engine, model_path, dtype=rdtype, seed=cfg.train.seed,
-                       trainer_model=trainer_model, **kw)
+                                                                 cfg.eval.max_new_tokens or 0),
+              "tensor_parallel_size": cfg.rollout.tensor_parallel_size, "external_launcher": world > 1,
+              "sleep_mode": cfg.rollout.sleep_mode}
+    elif world > 1:
+        raise ValueError(f"rollout.engine={cfg.rollout.engine!r} cannot split generation over {world} processes "
+                         f"(it generates with the sharded trainer model); use rollout.engine=vllm")
+    engine = make_engine(cfg.rollout.engine, model_path, dtype=rdtype, seed=cfg.train.seed,
+                         trainer_model=trainer_model, **kw)
+    return RankShardedEngine(engine, rank=rank, world=world,
+                             tensor_parallel_size=cfg.rollout.tensor_parallel_size if world > 1 else 1)
 
 
 def rollout_with_retry(engine, sampler, prompt_tokens, cfg: Config, r: int, new_engine: Callable[[], Any]):

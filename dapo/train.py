@@ -36,13 +36,14 @@ from dapo import algo, faults
 from dapo.base_model import resolve_policy_path
 from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dapo.config import Config, config_hash, flatten, to_dict
+from dapo.distributed import barrier, broadcast_object, destroy_distributed, final_state_dict, init_distributed
 from dapo.evaluate import evaluate
 from dapo.logprobs import old_logprobs, response_loss_mask, response_mask, single_step_on_policy
 from dapo.rollout import make_rollout_engine, rollout_with_retry, round_seed
 from dapo.run_data import load_run_data
 from dapo.tracking import mark_run_ended
 from dapo.update import NonFiniteError, Policy, build_policy, mean_metrics, old_policy_metrics, update_policy
-from dapo.weight_sync import push_weights
+from dapo.weight_sync import push_weights, release_engine
 
 __all__ = ["train", "run_dir_for", "main", "Timer"]
 
@@ -76,7 +77,7 @@ class Run:
     """What one training run holds between rollout steps (built by :func:`_start_run`)."""
     cfg: Config
     run_dir: Path
-    accelerator: Any
+    dist: Any                             # dapo.distributed.DistInfo: rank, world, device
     policy: Policy
     tokenizer: Any
     model_path: Any
@@ -87,7 +88,7 @@ class Run:
     tracker: Any
     uri: str
     log: Callable[..., None]
-    engine: Any = None                    # the rollout engine (main process only)
+    engine: Any = None                    # this rank's engine, driven as the job's (RankShardedEngine)
     t_start: float = field(default_factory=time.time)
     t_loop: float = 0.0                   # when this attempt's loop started
     wall_prev: float = 0.0                # loop seconds of the attempts before it (from the checkpoint)
@@ -122,7 +123,8 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
     from tqdm.auto import tqdm
     run = _start_run(cfg, run_dir, tags)          # processes, policy, data, resume, tracking, engine
     policy, state, tracker = run.policy, run.state, run.tracker
-    if state["rollout_step"] == 0 and cfg.eval.at_start and run.is_main and not _has_point(tracker, 0):
+    eval0 = broadcast_object(run.is_main and not _has_point(tracker, 0), policy.world)   # all ranks evaluate
+    if state["rollout_step"] == 0 and cfg.eval.at_start and eval0:
         t = time.time()
         ev = _evaluate(run, 0)                    # grad step 0: the model before training
         tracker.record({**ev, "time/eval_s": time.time() - t}, rollout_step=0, grad_step=0)
@@ -177,15 +179,16 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
 
 # =========================================================================== the phases
 def _rollouts(run: Run, r: int):
-    """Steps 1-3 on the main process (with engine retries); the batch and the sampler's position
-    are broadcast to the other processes."""
-    batch = None
-    if run.is_main:
-        batch, run.engine = rollout_with_retry(run.engine, run.sampler, run.prompt_tokens, run.cfg, r,
-                                               lambda: _new_engine(run))
-    batch, sampler_state = _broadcast((batch, run.sampler.state_dict()), run.policy.world)
-    if not run.is_main:
-        run.sampler.load_state_dict(sampler_state)
+    """Steps 1-3 on every rank (with engine retries): all ranks draw the same prompts, each engine
+    generates its share of every round, the completions are all-gathered, so every rank scores and
+    keeps the same groups in the same order. Then the engine is released for the update (vLLM
+    sleep mode on GPUs)."""
+    batch, run.engine = rollout_with_retry(run.engine, run.sampler, run.prompt_tokens, run.cfg, r,
+                                           lambda: _new_engine(run))
+    shares = run.engine.take_counts()
+    if run.policy.world > 1:
+        run.log(f"step {r}: prompts generated per engine ({run.engine.tp} rank(s) each): {shares}")
+    release_engine(run.engine)
     return batch
 
 
@@ -203,9 +206,7 @@ def _update(run: Run, batch, old_lp, adv, loss_mask, r: int):
 
 
 def _evaluate(run: Run, r: int) -> dict[str, float]:
-    """avg/pass/cons@k on every eval set (main process; {} elsewhere)."""
-    if not run.is_main:
-        return {}
+    """avg/pass/cons@k on every eval set; every rank calls it (generation is split over the ranks)."""
     return evaluate(run.engine, run.eval_sets, run.prompt_tokens, run.cfg,
                     seed=round_seed(run.cfg.train.seed, r, 0, salt=99))
 
@@ -218,53 +219,58 @@ def _throughput(metrics: dict[str, float], batch, resp_mask: torch.Tensor, cfg: 
 
 
 def _checkpoint(run: Run, r: int) -> None:
-    """Step 10: the checkpoint holds the metrics not yet sent; they are flushed once it is published."""
-    if run.is_main:
-        p = run.policy
-        run.state.update(mlflow_run_id=run.tracker.run_uuid, pending=run.tracker.buffer,
-                         sampler=run.sampler.state_dict(), wall_s=run.wall_s())
+    """Step 10: the checkpoint holds the metrics not yet sent; they are flushed once it is published.
+    Sharded (several processes): every rank writes its own shards; rank 0 publishes."""
+    p = run.policy
+    run.state.update(mlflow_run_id=run.tracker.run_uuid, pending=run.tracker.buffer,
+                     sampler=run.sampler.state_dict(), wall_s=run.wall_s())
+    if run.is_main or p.world > 1:
         save_checkpoint(run.run_dir, r, model=p.module, optimizer=p.optimizer, scheduler=p.scheduler,
                         state=run.state, keep_last=run.cfg.checkpoint.keep_last)
+    if run.is_main:
         faults.kill_point("KILL_AFTER_CHECKPOINT", r)   # test hook: checkpointed, not yet flushed
         run.tracker.flush()
         run.state["pending"] = []
-    run.accelerator.wait_for_everyone()
+    barrier(p.world)
 
 
 # =========================================================================== set-up and finish
 def _start_run(cfg: Config, run_dir: Path, tags: dict[str, str] | None) -> Run:
     """Processes and seeds, the policy, the data, the resume point, MLflow and the rollout engine."""
-    from accelerate import Accelerator
-
     from dapo.models import load_tokenizer
     t_start = time.time()
     run_dir.mkdir(parents=True, exist_ok=True)
     threads = cfg.train.threads or os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))   # vLLM otherwise drops torch to 1 thread
     torch.set_num_threads(threads)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    is_main = accelerator.is_main_process
+    dist_info = init_distributed(cfg.launch.pg_timeout_s)   # several processes: gloo/NCCL group, with a timeout
+    is_main = dist_info.is_main
     random.seed(cfg.train.seed); np.random.seed(cfg.train.seed); torch.manual_seed(cfg.train.seed)
     log = (lambda *a: print("[dapo]", *a, flush=True)) if is_main else (lambda *a: None)
     (run_dir / "config.yaml").write_text(_yaml(to_dict(cfg)))
     model_path = resolve_policy_path(cfg.model.path)
     tokenizer = load_tokenizer(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    policy = build_policy(cfg, model_path, accelerator, pad_id)
+    policy = build_policy(cfg, model_path, dist_info, pad_id)
     sampler, prompt_tokens, eval_sets, data_tags = load_run_data(cfg, tokenizer, log)
     state = _resume(run_dir, policy, sampler, log)
     tracker, uri = _start_tracking(cfg, run_dir, state, is_main, {**data_tags, **(tags or {})})
-    run = Run(cfg, run_dir, accelerator, policy, tokenizer, model_path, sampler, prompt_tokens, eval_sets,
+    run = Run(cfg, run_dir, dist_info, policy, tokenizer, model_path, sampler, prompt_tokens, eval_sets,
               state, tracker, uri, log, t_start=t_start)
-    if is_main:   # the rollout engine lives on the main process; batches are broadcast
-        run.engine = make_rollout_engine(cfg, model_path, policy.device, policy.module)
-        if state["rollout_step"] > 0 or cfg.rollout.engine == "vllm":
-            push_weights(policy, run.engine)
+    # every rank builds its engine at the same time (vLLM's groups span all ranks)
+    run.engine = make_rollout_engine(cfg, model_path, policy.device, policy.module, rank=policy.rank,
+                                     world=policy.world)
+    if state["rollout_step"] > 0 or cfg.rollout.engine == "vllm":
+        push_weights(policy, run.engine)
     return run
 
 
 def _new_engine(run: Run):
-    """A fresh rollout engine holding the current weights (after an engine failure)."""
+    """A fresh rollout engine holding the current weights (after an engine failure; one process only:
+    with several, vLLM's groups span all ranks and one rank cannot rebuild its engine alone)."""
+    if run.policy.world > 1:
+        raise RuntimeError(f"the rollout engine of rank {run.policy.rank} failed; with {run.policy.world} "
+                           f"processes it cannot be rebuilt on one rank alone")
     engine = make_rollout_engine(run.cfg, run.model_path, run.policy.device, run.policy.module)
     push_weights(run.policy, engine)
     return engine
@@ -312,11 +318,12 @@ def _finish(run: Run) -> dict[str, Any]:
                "grad_steps": state["grad_step"], "mlflow_uri": run.uri, "mlflow_run_id": tracker.run_uuid,
                "wall_s": run.wall_s(), "total_s": time.time() - run.t_start,
                "checkpoint": str(latest_checkpoint(run.run_dir))}
+    final_sd = final_state_dict(run.policy.module) if run.cfg.checkpoint.save_final_model else None  # all ranks
     if run.is_main:
         final = _final_eval(tracker)
         summary["final_eval"] = final
-        if run.cfg.checkpoint.save_final_model:
-            run.policy.module.save_pretrained(run.run_dir / "final_model")
+        if final_sd is not None:
+            run.policy.module.save_pretrained(run.run_dir / "final_model", state_dict=final_sd)
             run.tokenizer.save_pretrained(run.run_dir / "final_model")
         tracker.set_tags({"dapo.status": "finished"})
         tracker.finish()
@@ -324,21 +331,13 @@ def _finish(run: Run) -> dict[str, Any]:
         run.log(f"done: {state['rollout_step']} rollout steps, {state['grad_step']} grad steps in "
                 f"{summary['wall_s']:.0f}s | run dir {run.run_dir} | checkpoints {run.run_dir / 'checkpoints'} | "
                 f"MLflow {run.uri} run {tracker.run_uuid}" + (" | final " + _fmt(final) if final else ""))
-        if run.engine is not None:
-            run.engine.close()
+    if run.engine is not None:
+        run.engine.close()
+    destroy_distributed(run.policy.world)
     return summary
 
 
 # =========================================================================== helpers
-def _broadcast(obj, world: int):
-    if world == 1:
-        return obj
-    from accelerate.utils import broadcast_object_list
-    box = [obj]
-    broadcast_object_list(box, from_process=0)
-    return box[0]
-
-
 def _has_point(tracker, rollout_step: int) -> bool:
     return any(p["rollout_step"] == rollout_step for p in tracker.buffer) or \
         rollout_step in tracker.logged_rollout_steps()

@@ -19,6 +19,8 @@ import torch
 
 from dapo import algo
 from dapo.config import Config
+from dapo.distributed import clip_grad_norm, max_over_ranks
+from dapo.distributed import clip_grad_norm, max_over_ranks
 from dapo.logprobs import length_sorted, logit_options, micro_batches, response_logits, token_entropy, token_logprobs
 
 __all__ = ["Policy", "build_policy", "update_policy", "StepStats", "NonFiniteError", "mean_metrics",
@@ -32,7 +34,7 @@ class NonFiniteError(RuntimeError):
 @dataclass
 class Policy:
     """The trained model and everything an update step needs besides the batch."""
-    model: Any                        # what forwards and backward go through (DDP-wrapped when world > 1)
+    model: Any                        # what forwards and backward go through (FSDP2-sharded when world > 1)
     optimizer: Any
     scheduler: Any
     device: torch.device
@@ -61,27 +63,39 @@ def bf16_autocast(cfg: Config, device: torch.device) -> bool:
     return "avx512_bf16" in info or "amx_bf16" in info
 
 
-def build_policy(cfg: Config, model_path, accelerator, pad_id: int) -> Policy:
-    """Load the model (and π_ref with a KL term), AdamW with linear warm-up, wrapped by ``accelerator``."""
+def build_policy(cfg: Config, model_path, dist_info, pad_id: int) -> Policy:
+    """Load the model (and π_ref with a KL term), AdamW with linear warm-up.
+
+    One process (``dist_info.world == 1``): the plain model. Several: FSDP2-sharded over all
+    ranks (`dapo.distributed.load_sharded_causal_lm`: fp32 master shards, bf16 compute and fp32
+    gradient reduce when autocast is on, no full copy beyond rank 0's host-memory load); π_ref too.
+    """
+    from dapo.distributed import load_sharded_causal_lm
     from dapo.models import load_model
-    device = accelerator.device
+    device, sharded = dist_info.device, dist_info.world > 1
     autocast = bf16_autocast(cfg, device)
-    model = load_model(model_path, dtype=cfg.model.train_dtype).to(device)
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+
+    def load(checkpointing: bool):
+        if sharded:
+            return load_sharded_causal_lm(model_path, dtype=cfg.model.train_dtype, dist_info=dist_info,
+                                          bf16=autocast, gradient_checkpointing=checkpointing)
+        m = load_model(model_path, dtype=cfg.model.train_dtype).to(device)
+        if checkpointing:
+            m.gradient_checkpointing_enable()
+        return m
+
+    model = load(cfg.model.gradient_checkpointing)
     model.train()
     ref_model = None
     if cfg.algo.kl.coef > 0:
-        ref_model = load_model(model_path, dtype=cfg.model.train_dtype).to(device).eval()
+        ref_model = load(False).eval()
         ref_model.requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, betas=cfg.train.betas,
                                   weight_decay=cfg.train.weight_decay)
     warm = cfg.train.warmup_grad_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
-    model, optimizer = accelerator.prepare(model, optimizer)
     return Policy(model, optimizer, scheduler, device, autocast=autocast, pad_id=pad_id,
-                  rank=accelerator.process_index, world=accelerator.num_processes, ref_model=ref_model,
-                  module=accelerator.unwrap_model(model))
+                  rank=dist_info.rank, world=dist_info.world, ref_model=ref_model)
 
 
 # =========================================================================== metrics
@@ -188,12 +202,18 @@ def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, los
     mine = length_sorted(seqs[p.rank::p.world], batch)
     p.optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = defaultdict(float)
-    for idx in micro_batches(mine, batch, cfg):
-        totals = _micro_step(p, batch, idx, old_logp, advantages, loss_mask, cfg, num_tokens, num_seqs)
-        for k, v in totals.items():
+    micro = micro_batches(mine, batch, cfg)
+    real = len(micro)
+    # sharded forwards/backwards are collectives: a rank with fewer micro-batches than the
+    # busiest one runs weight-0 passes (over one sequence of the mini-batch) to stay in step
+    micro += [seqs[:1]] * (max_over_ranks(real, p.world) - real)
+    for k_micro, idx in enumerate(micro):
+        totals = _micro_step(p, batch, idx, old_logp, advantages, loss_mask, cfg, num_tokens, num_seqs,
+                             weight=1.0 if k_micro < real else 0.0)
+        for k, v in (totals.items() if k_micro < real else ()):
             sums[k] += v
     sums = _all_reduce_sum(dict(sums), p.world)
-    grad_norm = torch.nn.utils.clip_grad_norm_(p.model.parameters(), cfg.train.grad_clip)
+    grad_norm = clip_grad_norm(p.model.parameters(), cfg.train.grad_clip)   # global: over all shards and ranks
     finite = math.isfinite(float(grad_norm)) and math.isfinite(sums.get("loss", 0.0))
     if finite:
         p.optimizer.step()
@@ -209,8 +229,9 @@ def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, los
 
 
 def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mask, cfg: Config,
-                num_tokens: float, num_seqs: float) -> dict[str, float]:
-    """Forward + backward of sequences ``idx``; returns their weighted totals (keys in SUM_KEYS)."""
+                num_tokens: float, num_seqs: float, weight: float = 1.0) -> dict[str, float]:
+    """Forward + backward of sequences ``idx``; returns their weighted totals (keys in SUM_KEYS).
+    ``weight=0``: a pass that only keeps sharded ranks in step (no gradient contribution)."""
     prompts, responses = [batch.prompt_ids[i] for i in idx], [batch.response_ids[i] for i in idx]
     opts = logit_options(cfg)                  # π = softmax(z / rollout.temperature), chunked over positions
     logits, tgt, rmask = response_logits(p.model, prompts, responses, p.pad_id, p.device, p.autocast)
@@ -231,7 +252,7 @@ def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mas
         met["kl"] = float(kl_term.detach()) * num_tokens / max(float(m.sum()), 1.0)
     if cfg.algo.entropy_coef > 0:
         loss = loss - cfg.algo.entropy_coef * algo.aggregate(token_entropy(logits, **opts), m, agg, **counts)
-    (loss * p.world).backward()
+    (loss * (p.world * weight)).backward()   # × world: FSDP/DDP average the gradient over ranks
     out = _totals(met, float(loss.detach()), float(m.sum()))
     if old_logp is None:   # on-policy single step: π_old = this very forward; its entropy and probability
         with torch.no_grad():

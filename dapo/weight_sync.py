@@ -1,13 +1,55 @@
-"""Weight sync: push the trainer's current weights into the rollout engine (step 7 of the loop, docs/METRICS.md)."""
+"""Weight sync: stream the trainer's current weights into this rank's rollout engine (DESIGN.md §2, step 8).
+
+Every rank pushes into its own engine. The policy's ``state_dict()`` holds, per name, this
+rank's shard (FSDP2, a DTensor) or the full tensor (one process); the stream gathers one
+tensor at a time (``full_tensor()``, a collective that every rank enters in the same order),
+casts it to the engine's dtype and hands it to the engine's in-place reload, which copies it
+into its own buffers before the next one is produced. Peak extra memory: about one tensor in
+the rollout dtype, never the full model. Tied weights (``lm_head.weight``) are in the state
+dict under their own name, as the engine requires.
+"""
 
 from __future__ import annotations
 
-__all__ = ["push_weights"]
+from collections.abc import Iterator
+
+import torch
+
+from dapo.distributed import full_tensor
+from dapo.engines.base import WeightStream
+
+__all__ = ["push_weights", "weight_stream", "release_engine"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def weight_stream(model: torch.nn.Module, dtype: str | None = None) -> WeightStream:
+    """The full state dict of ``model`` (sharded or not), one gathered tensor at a time.
+
+    ``dtype``: "float32" | "bfloat16" to cast floating tensors to (None: as stored).
+    """
+    sd = model.state_dict()          # FSDP2: local shards only; names are the HF names
+    cast = _DTYPES[dtype] if dtype is not None else None
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, t in sd.items():
+            t = full_tensor(t.detach())
+            if cast is not None and torch.is_floating_point(t):
+                t = t.to(cast)
+            yield name, t
+
+    return WeightStream(names=tuple(sd), open=tensors)
 
 
 def push_weights(policy, engine) -> None:
-    """Load ``policy`` (a :class:`dapo.update.Policy`) into ``engine`` in-process.
+    """Load ``policy`` (a :class:`dapo.update.Policy`) into ``engine`` in-process, streamed.
 
-    The full ``state_dict`` of the unwrapped model is sent (tied ``lm_head.weight`` included).
+    Called on every rank at the same point (sharded tensors are gathered collectively).
     """
-    engine.update_weights(list(policy.module.state_dict().items()))
+    engine.update_weights(weight_stream(policy.module, getattr(engine, "dtype", None)))
+
+
+def release_engine(engine) -> None:
+    """Before the update: let the engine free its accelerator memory (vLLM sleep mode on
+    CUDA; a no-op elsewhere). The next :func:`push_weights` wakes it."""
+    engine.sleep()

