@@ -86,14 +86,30 @@ def run(cmd: list[str], *, timeout: float, env: dict | None = None) -> subproces
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
-def writer(uri: str, w: int, state: Path, *, steps: int, metrics: int, env: dict | None = None,
+def writer(reap: list, uri: str, w: int, state: Path, *, steps: int, metrics: int, env: dict | None = None,
            **kw) -> subprocess.Popen:
-    """One writer process of bench/bench_tracking.py (what a training job does with its Tracker)."""
+    """One writer process of bench/bench_tracking.py (what a training job does with its Tracker).
+
+    It runs in its own process group, which ``reap`` (the fixture) kills if the test ends first.
+    """
     args = json.dumps({"uri": uri, "experiment": "writers", "writer": w, "state_path": str(state),
                        "steps": steps, "metrics": metrics, **kw})
-    return subprocess.Popen([sys.executable, "-m", "bench.bench_tracking", "--writer", args], cwd=REPO,
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    p = subprocess.Popen([sys.executable, "-m", "bench.bench_tracking", "--writer", args], cwd=REPO,
+                         env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    reap.append(p)
+    return p
+
+
+@pytest.fixture
+def reap():
+    """Processes a test started; any still running when it ends (a failed wait) are killed with their group."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str]]:
@@ -276,10 +292,10 @@ def test_the_server_reads_its_password_from_a_file_and_a_wrong_one_fails_fast(pg
 
 
 @pytest.mark.slow
-def test_twelve_writers_each_point_once_and_killed_writers_resume(server, tmp_path):
+def test_twelve_writers_each_point_once_and_killed_writers_resume(server, tmp_path, reap):
     steps, metrics, uri = 200, 4, server.srv.uri
     states = [tmp_path / f"w{w}.json" for w in range(12)]
-    procs = [writer(uri, w, states[w], steps=steps, metrics=metrics,
+    procs = [writer(reap, uri, w, states[w], steps=steps, metrics=metrics,
                     env={"DAPO_FAULT_KILL_IN_FLUSH": "57"} if w == 3 else None) for w in range(12)]
     wait_for_step(states[7], 100, procs[7])
     os.kill(procs[7].pid, signal.SIGKILL)                 # kill -9 from outside, mid-run
@@ -287,7 +303,7 @@ def test_twelve_writers_each_point_once_and_killed_writers_resume(server, tmp_pa
     assert results[3][0] == -signal.SIGKILL and results[7][0] == -signal.SIGKILL
     assert all(rc == 0 for w, (rc, _) in enumerate(results) if w not in (3, 7)), results
     assert 50 <= json.loads(states[3].read_text())["step"] < steps   # it died mid-run, after checkpoint 60's flush began
-    again = finish([writer(uri, w, states[w], steps=steps, metrics=metrics) for w in (3, 7)], timeout=600)
+    again = finish([writer(reap, uri, w, states[w], steps=steps, metrics=metrics) for w in (3, 7)], timeout=600)
     assert [rc for rc, _ in again] == [0, 0], again
     points = read_points(uri, "writers")
     assert sorted(points) == [f"w{w:02d}" for w in range(12)]           # one run per writer, none restarted anew
@@ -298,10 +314,10 @@ def test_twelve_writers_each_point_once_and_killed_writers_resume(server, tmp_pa
 
 
 @pytest.mark.slow
-def test_server_stopped_mid_run_fails_clearly_then_resumes(pg, server, tmp_path):
+def test_server_stopped_mid_run_fails_clearly_then_resumes(pg, server, tmp_path, reap):
     state, port = tmp_path / "w.json", server.srv.port
     uri = server.srv.uri
-    p = writer(uri, 20, state, steps=120, metrics=3, step_sleep=0.02, env={"DAPO_MLFLOW_RETRIES": "3"})
+    p = writer(reap, uri, 20, state, steps=120, metrics=3, step_sleep=0.02, env={"DAPO_MLFLOW_RETRIES": "3"})
     wait_for_step(state, 30, p)
     server.srv.stop()
     (rc, out), = finish([p], timeout=300)
@@ -313,7 +329,7 @@ def test_server_stopped_mid_run_fails_clearly_then_resumes(pg, server, tmp_path)
     stopped_at = json.loads(state.read_text())["step"]
     assert 30 <= stopped_at < 120
     server.srv = start_server(server.root, port=port, backend_store_uri=server.db, password_file=pg.password_file)
-    (rc, out), = finish([writer(uri, 20, state, steps=120, metrics=3)], timeout=600)
+    (rc, out), = finish([writer(reap, uri, 20, state, steps=120, metrics=3)], timeout=600)
     assert rc == 0, out[-3000:]
     assert check_points(read_points(uri, "writers"), [20], steps=120, metrics=3) == []
 
