@@ -21,7 +21,7 @@ import sys
 from dapo.config import ConfigError, parse_overrides
 from dapo.cluster import ClusterProfile, check_resources, load_profile
 from dapo.plan import check_sweep
-from dapo.sweep_spec import Arm, Job, Spec, arms, expand, load_spec, sweep_info
+from dapo.sweep_spec import Arm, Job, Spec, arms, check_sources_exist, expand, load_spec, sweep_info
 from dapo.yaml_checks import check_path
 
 __all__ = ["Arm", "ClusterProfile", "Job", "Spec", "arms", "check_resources", "expand", "load_profile",
@@ -53,6 +53,7 @@ def _spec(args, *, from_records: bool = False) -> Spec:
 
 def cmd_expand(args) -> int:
     spec = _spec(args)
+    check_sources_exist(spec)          # data files, model directories, eval sets: here, not on the cluster
     if args.cluster:
         check_resources(spec, load_profile(args.cluster))
         check_sweep(spec, load_profile(args.cluster), log=lambda m: print(m, file=sys.stderr))
@@ -76,6 +77,7 @@ def cmd_expand(args) -> int:
 def cmd_submit(args) -> int:
     from dapo import launcher
     spec = _spec(args)
+    check_sources_exist(spec)
     profile = load_profile(args.cluster)
     check_sweep(spec, profile, log=lambda m: print(m, file=sys.stderr))  # every arm fits the GPUs (dapo plan)
     rec = launcher.submit(spec, profile, args.output, dry_run=args.dry_run, executor=args.executor)

@@ -35,10 +35,12 @@ A job's config is base + base_overrides + the arm's overrides + ``train.seed``, 
 (which leaves out ``logging.*``, ``output_dir`` and ``name``), so the same run named by two
 sweeps is one run, in ``<output root>/runs/<run_id>``.
 
-Loading validates everything (keys, types, ranges, duplicate arms, resources against the
-experiment's launch layout) and raises one :class:`~dapo.config.ConfigError` naming the file
-and the key; :func:`dapo.cluster.check_resources` compares resources with a cluster profile's
-limits before anything is submitted. Pure: no I/O beyond reading the spec and its base
+Loading validates everything (keys, types, ranges, duplicate arm names and configs, a ``metric``
+every arm logs, resources against the experiment's launch layout) and raises one
+:class:`~dapo.config.ConfigError` naming the file and the key; :func:`check_sources_exist`
+(``dapo sweep expand/submit``) checks that data files, eval sets and model paths exist, and
+:func:`dapo.cluster.check_resources` compares resources with a cluster profile's limits before
+anything is submitted. Pure: no I/O beyond reading the spec and its base
 experiment; imports neither torch nor submitit.
 """
 
@@ -59,7 +61,8 @@ from dapo.yaml_checks import (NAME_RE, REPO_ROOT, check_int, check_mapping, chec
                               yaml_mapping_file)
 
 __all__ = ["KINDS", "NAME_RE", "Technique", "Resources", "Spec", "Arm", "Job",
-           "load_spec", "arms", "expand", "sweep_info", "check_name", "finished_summary", "REPO_ROOT"]
+           "load_spec", "arms", "expand", "sweep_info", "check_name", "check_sources_exist", "finished_summary",
+           "REPO_ROOT"]
 
 KINDS = ("ladder", "one_at_a_time", "leave_one_out", "grid")
 # Keys the launcher sets itself; a spec may not override them.
@@ -392,7 +395,6 @@ def _check_arms(spec: Spec) -> None:
             raise ConfigError(f"{spec.path}: arms {seen[h]!r} and {arm.name!r} resolve to the same config "
                               f"(run id {h}); an arm must change something")
         seen[h] = arm.name
-        check_sources(cfg, f"{spec.path}: arm {arm.name!r}")      # data sets, eval sets, model.path exist
         if spec.metric not in eval_metric_names(cfg):
             raise ConfigError(f"{spec.path}: metric = {show(spec.metric)}: arm {arm.name!r} does not log it; "
                               f"its eval metrics: {', '.join(eval_metric_names(cfg))}")
@@ -403,6 +405,14 @@ def _check_arms(spec: Spec) -> None:
                 f"{spec.path}: resources (nodes {r.nodes} × gpus_per_node {r.gpus_per_node}) do not match arm "
                 f"{arm.name!r}'s launch.num_nodes = {launch.num_nodes}, launch.num_processes = "
                 f"{launch.num_processes} (expected {want[0]} and {want[1]})")
+
+
+def check_sources_exist(spec: Spec) -> None:
+    """Every arm's data sets, eval sets and model.path exist here (:func:`dapo.preflight.check_sources`):
+    run by ``dapo sweep expand/submit``, not by :func:`load_spec` (the analysis reads specs anywhere)."""
+    base = _base_data(spec)
+    for arm in arms(spec):
+        check_sources(_arm_config(spec, base, arm, spec.seeds[0], "runs"), f"{spec.path}: arm {arm.name!r}")
 
 
 def _diff(cfg: Config, base: Config) -> dict[str, Any]:

@@ -173,7 +173,8 @@ def test_spec_metric_data_and_model_are_checked_before_submission(tmp_path):
     one_error(dapo("sweep", "submit", str(sp), "--dry-run", "--output", str(tmp_path / "o")), "data.train", "missing.jsonl")
     sp = write_yaml(tmp_path / "c.yaml", spec_dict(base_overrides={"model.path": "./no-model-here"}))
     one_error(dapo("sweep", "expand", str(sp)), "model.path", "no such model directory")
-    sp = write_yaml(tmp_path / "d.yaml", spec_dict(base_overrides={"eval.datasets": ["aime2099"]}))
+    sp = write_yaml(tmp_path / "d.yaml", spec_dict(base_overrides={"eval.datasets": ["aime2099"]},
+                                                      metric="eval/aime2099/avg_at_2"))
     one_error(dapo("sweep", "expand", str(sp)), "eval.datasets[0].name", "aime2099")
     assert not (tmp_path / "o").exists()
 
