@@ -207,3 +207,40 @@ def test_issue12_keys_defaults():
     assert (cfg.rollout.tensor_parallel_size, cfg.rollout.sleep_mode, cfg.train.max_tokens_per_micro_batch,
             cfg.train.logits_chunk_tokens, cfg.launch.pg_timeout_s) == (1, True, None, None, 600)
     assert load_config(None, ["launch.num_processes=8", "rollout.tensor_parallel_size=4"]).rollout.tensor_parallel_size == 4
+
+
+# --------------------------------------------------------------------------- YAML aliases, long values
+def _alias_doc(items: int, aliases: int) -> str:
+    """`a` holds ``items`` scalars; `b` lists ``aliases`` aliases of it: each adds items + 1 nodes.
+    Written: the mapping, keys a and b, both lists and the scalars = items + 5 nodes."""
+    return f"a: &a [{', '.join(['x'] * items)}]\nb: [{', '.join(['*a'] * aliases)}]\n"
+
+
+def test_aliases_may_add_at_most_max_alias_nodes():
+    from dapo.config import MAX_ALIAS_NODES, safe_yaml_text
+    assert MAX_ALIAS_NODES == 10_000
+    assert len(safe_yaml_text(_alias_doc(99, 100), "t")["b"]) == 100        # 100 × (99 + 1) = 10 000: allowed
+    with pytest.raises(ConfigError, match=r"t: aliases \(\*name\) expand to 10204 nodes, more than 10000 beyond "
+                                          r"the 104 written"):
+        safe_yaml_text(_alias_doc(99, 101), "t")                              # 10 100 added: refused
+    with pytest.raises(ConfigError, match="recursive alias"):
+        safe_yaml_text("a: &a [1, *a]\n", "t")
+
+
+def test_merge_keys_may_be_overridden_but_a_plain_key_not_repeated():
+    from dapo.config import safe_yaml_text
+    assert safe_yaml_text("base: &b {x: 1, y: 2}\nc: {<<: *b, x: 3}\n", "t")["c"] == {"x": 3, "y": 2}
+    with pytest.raises(ConfigError, match=r"t: line 2: key 'x' is given twice in one mapping \(first on line 1\)"):
+        safe_yaml_text("x: 1\nx: 2\n", "t")
+
+
+def test_error_messages_show_at_most_200_characters_of_a_value():
+    from dapo.config import show
+    assert show("ab") == "'ab'" and show([1, 2]) == "[1, 2]"
+    assert len(show("x" * 10**6)) <= 200 and len(show(list(range(10**6)))) <= 200
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.lr=" + "y" * 100_000])
+    assert len(str(e.value)) < 400 and "train.lr = 'yyy" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"rollout.n=[{', '.join(['1'] * 10_000)}]"])
+    assert len(str(e.value)) < 400
