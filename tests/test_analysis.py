@@ -305,6 +305,11 @@ def test_table1_vs_paper_only_on_the_papers_metric(loaded, sweep):
     md = to_markdown(format_table1(table1(aime, s, final_k=3)))
     assert "| paper " in md and "ours − paper" in md and "-10.0" in md and "-3.0" in md
     assert "AIME 2024 avg@32 (%), ours" in md
+    # Fig. 1 on the paper's metric: the paper's reference line (R1-Zero-Qwen-32B, 47) beside our two arms
+    from analysis import figures as F
+    f1 = F.fig1(aime, s)
+    assert _legend(f1.axes[0]) == ["naive GRPO", "+ token-level loss", "DeepSeek-R1-Zero-Qwen-32B (paper): 47"]
+    assert f1._suptitle.get_text().startswith("Fig. 1: AIME 2024")            # no "(mini)" tag on the paper's task
 
 
 def test_compare_table(loaded):
