@@ -1,4 +1,4 @@
-"""Weight sync: stream the trainer's current weights into this rank's rollout engine (DESIGN.md §2, step 8).
+"""Weight sync: stream the trainer's current weights into this rank's rollout engine (step 7 of the loop, docs/METRICS.md).
 
 Every rank pushes into its own engine. The policy's ``state_dict()`` holds, per name, this
 rank's shard (FSDP2, a DTensor) or the full tensor (one process); the stream gathers one
