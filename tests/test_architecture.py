@@ -121,6 +121,7 @@ def test_runs_is_a_leaf_of_analysis():
 
 
 @pytest.mark.parametrize("module", ["dapo.cluster", "dapo.sweep_spec", "dapo.yaml_checks", "dapo.config", "dapo.plan",
+                                    "dapo.preflight", "dapo.runs_list", "dapo.logs",
                                     "dapo.prompts", "dapo.readers", "dapo.data", "dapo.sampler", "dapo.minitask"])
 def test_pure_modules_import_neither_torch_nor_submitit(module):
     """Not in the module itself (anywhere), nor at import time through what it imports from dapo."""
