@@ -341,14 +341,21 @@ def test_runs_lists_arm_seed_status_step_metric_wall_and_the_mlflow_command(tmp_
     assert len(plain.stdout.splitlines()) == 2 + 3 + 1               # the three run dirs that exist
 
 
-def test_dry_run_prints_the_dapo_train_command_of_each_task_and_it_reproduces_the_run(tmp_path):
+@pytest.mark.parametrize("kind", ["ladder", "grid"])
+def test_dry_run_prints_the_dapo_train_command_of_each_task_and_it_reproduces_the_run(tmp_path, kind):
     from dapo.config import config_hash, load_config
-    sp = write_yaml(tmp_path / "s.yaml", spec_dict())
+    spec = spec_dict()
+    if kind == "grid":    # values that YAML would misread if printed naively: 1e-05, a list of mappings, "true"
+        spec = spec_dict(kind="grid", grid={"train.lr": [1e-6, 1e-5]}, baseline=None, techniques=None,
+                         base_overrides={"rollout.engine": "hf", "algo.name": "true",
+                                         "eval.datasets": [{"name": "arith-eval", "limit": 4}]})
+        del spec["baseline"], spec["techniques"]
+    sp = write_yaml(tmp_path / "s.yaml", spec)
     r = dapo("sweep", "submit", str(sp), "--dry-run", "--output", str(tmp_path / "o"))
     assert r.returncode == 0, r.stderr
     tasks = [line.split(": ", 1)[1] for line in r.stdout.splitlines() if line.startswith("  task ")]
     ids = [line.split()[3] for line in r.stdout.splitlines()[1:3]]
-    assert len(tasks) == 2
+    assert len(tasks) == 2 and len(set(ids)) == 2
     for cmd, rid in zip(tasks, ids):
         argv = shlex.split(cmd)
         assert argv[:2] == ["dapo", "train"] and argv[-2] == "--run-dir" and argv[-1].endswith(rid)
