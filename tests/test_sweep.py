@@ -142,7 +142,7 @@ def test_expansion_counts_and_grid_product(tmp_path: Path, monkeypatch):
     assert len(info["arms"]) == 6 and info["arms"][3]["paper"] == 50
     assert info["arms"][3]["overrides"] == {"algo.clip.eps_high": 0.28, "train.lr": 1e-5}
     assert len(expand(grid, tmp_path)) == 6
-    monkeypatch.chdir(tmp_path)              # data files must exist (checked when the spec loads)
+    monkeypatch.chdir(tmp_path)              # real data files (`dapo sweep expand` checks that they exist)
     for f in ("a b.jsonl", "a_b.jsonl"):
         (tmp_path / f).write_text('{"prompt": "1+1?", "answer": "2"}\n')
     clash = write_spec(tmp_path, kind="grid", baseline=None, techniques=None, seeds=[0],
