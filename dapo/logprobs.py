@@ -177,11 +177,16 @@ def single_step_on_policy(cfg: Config, num_groups: int) -> bool:
 
 
 @torch.no_grad()
-def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, autocast: bool):
+def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, autocast: bool,
+                 rank: int = 0, world: int = 1):
     """π_old log-probs and entropy of every response token, at the rollout temperature.
 
-    Returns logp [N, L], entropy [N, L], resp_mask [N, L] (padded to the batch's max L).
+    Returns logp [N, L], entropy [N, L], resp_mask [N, L] (padded to the batch's max L), the same
+    on every rank. With ``world`` > 1 each rank computes every ``world``-th sequence (of the
+    length-sorted order) and the rows are all-gathered; a rank with fewer micro-batches than the
+    busiest runs extra passes (results dropped), as a sharded model's forwards are collectives.
     """
+    from dapo.distributed import all_gather_object, max_over_ranks
     N = len(batch.response_ids)
     L = max(max((len(r) for r in batch.response_ids), default=0), 1)
     logp = torch.zeros(N, L)
@@ -190,13 +195,19 @@ def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, a
     opts = logit_options(cfg)
     was_training = model.training
     model.eval()
-    for idx in micro_batches(length_sorted(list(range(N)), batch), batch, cfg):
+    micro = micro_batches(length_sorted(list(range(N)), batch)[rank::world], batch, cfg)
+    real = len(micro)
+    micro += [[0]] * (max_over_ranks(real, world) - real) if N else []
+    rows = []
+    for k, idx in enumerate(micro):
         logits, tgt, m = response_logits(model, [batch.prompt_ids[i] for i in idx],
                                          [batch.response_ids[i] for i in idx], pad_id, device, autocast)
-        lp = token_logprobs(logits, tgt, **opts)
-        l = lp.shape[1]
-        logp[idx, :l] = lp.cpu()
-        ent[idx, :l] = token_entropy(logits, **opts).cpu()
-        mask[idx, :l] = m.cpu()
+        if k < real:
+            rows.append((idx, token_logprobs(logits, tgt, **opts).cpu(), token_entropy(logits, **opts).cpu(),
+                         m.cpu()))
     model.train(was_training)
+    for part in all_gather_object(rows, world):
+        for idx, lp, en, m in part:
+            l = lp.shape[1]
+            logp[idx, :l], ent[idx, :l], mask[idx, :l] = lp, en, m
     return logp, ent, mask

@@ -147,7 +147,7 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
             on_policy = single_step_on_policy(cfg, batch.num_groups)
             old_lp, ent, resp_mask = ((None, None, response_mask(batch)) if on_policy else
                                       old_logprobs(policy.module, batch, cfg, policy.pad_id, policy.device,
-                                                   policy.autocast))
+                                                   policy.autocast, policy.rank, policy.world))
             loss_mask = response_loss_mask(resp_mask, batch.finished, cfg.algo.overlong.filter)
         # 6. μ optimizer steps (mini-batches × ppo_epochs), micro-batch accumulation: [μ] StepStats
         with timer("train"):
