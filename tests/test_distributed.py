@@ -215,7 +215,7 @@ class Runs:
         return self._result("one", [p.stdout])
 
     def _two(self) -> dict:      # 2 processes, sharded, uninterrupted
-        p = _ok(_torchrun(2, ["-m", "dapo.train", *self.args("two", 2)]))
+        p = _ok(_torchrun(2, ["-m", "dapo.cli", "train", *self.args("two", 2)]))      # `dapo train` on 2 ranks
         return self._result("two", [p.stdout])
 
     def _killed(self) -> dict:   # 2 processes; rank 1 is killed (-9) after step 2's update; rerun
@@ -223,7 +223,9 @@ class Runs:
                           env={"DAPO_TEST_KILL_RANK1_AT": "2"})
         assert first.returncode != 0, first.stdout[-2000:]
         assert not (self.root / "killed" / "run" / "summary.json").exists()
-        again = _ok(_torchrun(2, ["-m", "dapo.train", *self.args("killed", 2)]))
+        assert "step 1/2" in first.stdout and "step 2/2" not in first.stdout
+        assert "fault injection: SIGKILL at kill_at_step 2" in first.stdout + first.stderr
+        again = _ok(_torchrun(2, ["-m", "dapo.cli", "train", *self.args("killed", 2)]))
         res = self._result("killed", [first.stdout + first.stderr, again.stdout])
         return res
 
