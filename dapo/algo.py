@@ -72,7 +72,8 @@ def _token_mean(values, mask, num_tokens, num_seqs, norm_const):
 
 
 def _seq_counts(mask: Tensor, num_seqs: Optional[Count]) -> Count:
-    # sequences with at least one token (verl: fully masked rows do not count)
+    # S: sequences with at least one loss token. A fully masked row (overlong filtering) is
+    # not a sequence of the loss: it neither adds to the sum nor to the count (as verl).
     return _positive((mask.sum(-1) > 0).sum() if num_seqs is None else num_seqs)
 
 
@@ -87,18 +88,17 @@ def _seq_mean_token_sum(values, mask, num_tokens, num_seqs, norm_const):
     return _masked(values, mask).sum() / _seq_counts(mask, num_seqs)
 
 
-def _seq_mean_token_sum_norm(values, mask, num_tokens, num_seqs, norm_const):
-    # Dr.GRPO: Σ_i Σ_t ℓ·m / (S · C), S = num_seqs or N rows (all of them), C = norm_const or L
-    seqs = mask.shape[0] if num_seqs is None else num_seqs
+def _seq_mean_token_sum_const(values, mask, num_tokens, num_seqs, norm_const):
+    # Dr.GRPO: 1/S Σ_i (1/C) Σ_t ℓ·m, C = norm_const or L (a constant, not |o_i|)
     const = mask.shape[-1] if norm_const is None else norm_const
-    return _masked(values, mask).sum() / (_positive(seqs) * const)
+    return _masked(values, mask).sum() / (_seq_counts(mask, num_seqs) * const)
 
 
 AGG_MODES: dict[str, Callable[..., Tensor]] = {
     "token_mean": _token_mean,
     "seq_mean_token_mean": _seq_mean_token_mean,
     "seq_mean_token_sum": _seq_mean_token_sum,
-    "seq_mean_token_sum_norm": _seq_mean_token_sum_norm,
+    "seq_mean_token_sum_const": _seq_mean_token_sum_const,
 }
 
 
@@ -115,16 +115,26 @@ def aggregate(
 
     values: [N, L]; mask: [N, L] (0/1 or float weights; masked entries are ignored even if
     inf/NaN). Returns a 0-dim tensor. Modes (`AGG_MODES`):
-      token_mean               Σ v·m / T
-      seq_mean_token_mean      Σ_i (Σ_t v·m / |o_i|) / S
-      seq_mean_token_sum       Σ v·m / S
-      seq_mean_token_sum_norm  Σ v·m / (S · C)   (Dr.GRPO constant normalizer)
+      token_mean                Σ v·m / T
+      seq_mean_token_mean       Σ_i (Σ_t v·m / |o_i|) / S
+      seq_mean_token_sum        Σ v·m / S
+      seq_mean_token_sum_const  Σ v·m / (S · C)   (Dr.GRPO's constant normalizer)
     T = num_tokens, S = num_seqs, if given: the counts over the whole optimizer step (all
     micro-batches, all data-parallel ranks), so per-micro-batch losses add up to the step
     loss and gradients do not depend on the split. If the data-parallel backend *averages*
     gradients over ranks, multiply the loss by the world size (verl's `dp_size`).
-    Defaults: T = Σ mask of this call; S = rows with ≥ 1 token (token modes) or all N rows
-    (`_norm`); C = norm_const or L. A count of 0 is treated as 1, so empty input gives 0.
+    Defaults: T = Σ mask of this call; S = rows of this call with ≥ 1 token; C = norm_const
+    or L. S never counts a fully masked row (a response removed by overlong filtering):
+    filtering removes the response from the loss, so it must not shrink the others' weight
+    either; callers that pass num_seqs count the same way (`dapo.update`). A count of 0 is
+    treated as 1, so empty input gives 0.
+
+    `seq_mean_token_sum_const` is Dr.GRPO's objective (Liu et al. 2025: per-response token
+    sums over a constant, averaged over the responses). verl calls a mode
+    `seq-mean-token-sum-norm` but divides each micro-batch's sum by C only (no S); after its
+    1/gradient-accumulation factor and the ranks' gradient averaging a step's loss is
+    b·Σ v·m / (S·C), b the sequences per micro-batch, so its scale depends on the split. The name
+    differs here so that the verl name cannot silently mean the other scale (docs/METRICS.md).
     """
     try:
         fn = AGG_MODES[mode]

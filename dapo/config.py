@@ -141,8 +141,9 @@ class DynamicSamplingConfig:
 class AlgoConfig:
     name: str = doc("a label for the recipe (grpo, dapo, ...); informational", "dapo")
     clip: ClipConfig = doc("Clip-Higher toggle group", factory=ClipConfig)
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = doc(
-        "how per-token losses become a scalar (DAPO: token_mean; GRPO: seq_mean_token_mean)", "token_mean")
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_const"] = doc(
+        "how per-token losses become a scalar (DAPO: token_mean; GRPO: seq_mean_token_mean; "
+        "Dr.GRPO: seq_mean_token_sum_const; dapo.algo.aggregate)", "token_mean")
     kl: KLConfig = doc("KL penalty toggle group", factory=KLConfig)
     entropy_coef: float = doc("entropy bonus coefficient (0 = off, as in DAPO)", 0.0)
     overlong: OverlongConfig = doc("overlong filtering / soft punishment toggle group", factory=OverlongConfig)
@@ -254,6 +255,12 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+# values that were renamed, with why: an old file gets the new name in its error line
+RENAMED_VALUES = {
+    ("algo.loss_agg", "seq_mean_token_sum_norm"):
+        "renamed seq_mean_token_sum_const (sum / (S*C); verl's seq-mean-token-sum-norm divides by C only)",
+}
+
 _FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
@@ -285,7 +292,7 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
         raise bad()
     if origin is Literal:
         if value not in typing.get_args(tp):
-            raise bad()
+            raise bad(f"; {RENAMED_VALUES[key, value]}" if (key, value) in RENAMED_VALUES else "")
         return value
     if origin is tuple:
         if isinstance(value, dict) or isinstance(value, str) or not isinstance(value, (list, tuple)):
@@ -356,6 +363,12 @@ def _check_ranges(cfg: Config, where: str) -> None:
     need(0 < o.cache_len <= o.max_len, "algo.overlong.cache_len", o.cache_len,
          f"must be in (0, algo.overlong.max_len = {o.max_len}]")
     need(o.factor >= 0, "algo.overlong.factor", o.factor, "must be >= 0")
+    # the penalty is non-zero only for lengths in (max_len − cache_len, ...]; generation stops at
+    # max_new_tokens, so a cap at or below max_len − cache_len would leave the punishment inert
+    need(not o.soft_punish or r.max_new_tokens > o.max_len - o.cache_len, "rollout.max_new_tokens",
+         r.max_new_tokens, f"must be > algo.overlong.max_len - algo.overlong.cache_len "
+         f"({o.max_len} - {o.cache_len} = {o.max_len - o.cache_len}) with algo.overlong.soft_punish on, or no "
+         f"response is ever punished; set algo.overlong.max_len = rollout.max_new_tokens (as the paper)")
     ds = a.dynamic_sampling
     need(ds.max_gen_rounds >= 1, "algo.dynamic_sampling.max_gen_rounds", ds.max_gen_rounds, "must be >= 1")
     need(ds.oversample >= 1, "algo.dynamic_sampling.oversample", ds.oversample, "must be >= 1")

@@ -112,7 +112,7 @@ class StepStats:
     only list of update metric names: the cross-rank sums and the logged dict derive from it."""
     loss: float = _stat("sum")                             # the step's loss (sum of its micro-batch losses)
     grad_norm: float = _stat()                             # global gradient norm before clipping
-    lr: float = _stat()
+    lr: float = _stat()                                    # the learning rate this optimizer step used
     clip_frac_high: float = _stat("mean", "tokens")        # tokens clipped at 1 + ε_high (A > 0)
     clip_frac_low: float = _stat("mean", "tokens")         # tokens clipped at 1 − ε_low (A < 0)
     approx_kl: float = _stat("mean", "tokens")             # k3 estimate of KL(π_old ‖ π_θ)
@@ -176,8 +176,9 @@ def update_policy(policy: Policy, batch, old_logp: torch.Tensor | None, advantag
     old_logp, loss_mask: [N, L]; advantages: [N]. Groups are split into mini-batches of
     ``mini_batch_prompts`` groups (``ppo_epochs`` passes, shuffled by ``shuffle_seed``);
     inside a mini-batch this rank takes every ``world``-th sequence and accumulates over
-    micro-batches. The loss of each micro-batch is divided by the token (or sequence)
-    count of the whole mini-batch across ranks, so the summed gradient does not depend
+    micro-batches. The loss of each micro-batch is divided by the token (or sequence: those
+    with ≥ 1 loss token, so overlong-filtered ones do not count) count of the whole
+    mini-batch across ranks, so the summed gradient does not depend
     on how the step is split; DDP's averaging is undone by scaling with ``world``.
 
     ``old_logp=None`` (only when `single_step_on_policy`): π_old is the current policy, so the
@@ -198,7 +199,7 @@ def update_policy(policy: Policy, batch, old_logp: torch.Tensor | None, advantag
 def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, loss_mask, cfg: Config) -> StepStats:
     """One mini-batch (sequences ``seqs``, all ranks together) → gradient accumulation → clip → AdamW."""
     num_tokens = float(loss_mask[seqs].sum().item())                                   # whole mini-batch
-    num_seqs = float(len(seqs))
+    num_seqs = float((loss_mask[seqs].sum(-1) > 0).sum().item())                      # filtered rows excluded
     mine = length_sorted(seqs[p.rank::p.world], batch)
     p.optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = defaultdict(float)
@@ -223,8 +224,9 @@ def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, los
                              f"the last checkpoint is untouched")
     else:
         p.optimizer.zero_grad(set_to_none=True)
+    lr = float(p.optimizer.param_groups[0]["lr"])                  # the rate this step used, before scheduling the next
     p.scheduler.step()
-    return StepStats.from_sums(sums, grad_norm=float(grad_norm), lr=p.scheduler.get_last_lr()[0],
+    return StepStats.from_sums(sums, grad_norm=float(grad_norm), lr=lr,
                                skipped_step=0.0 if finite else 1.0)
 
 
@@ -239,7 +241,8 @@ def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mas
     logp = token_logprobs(logits, tgt, **opts)                                         # [n, l]
     m = loss_mask[idx, :l].to(p.device)                                                # [n, l]
     old = logp.detach() if old_logp is None else old_logp[idx, :l].to(p.device)      # [n, l]
-    agg, counts = cfg.algo.loss_agg, dict(num_tokens=num_tokens, num_seqs=num_seqs)   # whole mini-batch
+    agg, counts = cfg.algo.loss_agg, dict(num_tokens=num_tokens, num_seqs=num_seqs,   # whole mini-batch
+                                          norm_const=cfg.rollout.max_new_tokens)   # C of seq_mean_token_sum_const
     loss, met = algo.policy_loss(logp, old, advantages[idx].to(p.device), m, eps_low=cfg.algo.clip.eps_low,
                                  eps_high=cfg.algo.clip.eps_high, dual_clip_c=cfg.algo.clip.dual_clip_c,
                                  agg=agg, **counts)

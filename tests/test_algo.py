@@ -100,13 +100,35 @@ HAND_MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
         # per-seq sums 6 and 4; mean = 5
         ("seq_mean_token_sum", {}, 5.0),
         # Dr.GRPO: 10 / (2 rows · L=4)
-        ("seq_mean_token_sum_norm", {}, 10 / 8),
+        ("seq_mean_token_sum_const", {}, 10 / 8),
         # 10 / (2 rows · 100)
-        ("seq_mean_token_sum_norm", {"norm_const": 100}, 10 / 200),
+        ("seq_mean_token_sum_const", {"norm_const": 100}, 10 / 200),
+        ("seq_mean_token_sum_const", {"num_seqs": 5, "norm_const": 2}, 10 / 10),
     ],
 )
 def test_aggregate_hand(mode, kwargs, expected):
     assert algo.aggregate(HAND_VALUES, HAND_MASK, mode, **kwargs).item() == pytest.approx(expected, rel=1e-7)
+
+
+@pytest.mark.parametrize(
+    "mode, expected, old_convention",
+    [
+        # a third, fully masked row (an overlong-filtered response) whose values would add 9s:
+        # it counts neither in the sum nor in S; counting it (S = all 3 rows) gave 2/3 of the value
+        ("seq_mean_token_mean", (2 + 4) / 2, (2 + 4) / 3),
+        ("seq_mean_token_sum", (6 + 4) / 2, (6 + 4) / 3),
+        ("seq_mean_token_sum_const", 10 / (2 * 4), 10 / (3 * 4)),
+        ("token_mean", 10 / 4, 10 / 4),   # T counts tokens: the row never counted
+    ],
+)
+def test_fully_masked_rows_are_not_sequences(mode, expected, old_convention):
+    values = torch.cat([HAND_VALUES, torch.full((1, 4), 9.0)])
+    mask = torch.cat([HAND_MASK, torch.zeros(1, 4)])
+    assert algo.aggregate(values, mask, mode).item() == pytest.approx(expected, rel=1e-7)
+    # what dapo.update passes as num_seqs: rows with >= 1 loss token (the value above) ...
+    assert algo.aggregate(values, mask, mode, num_seqs=(mask.sum(-1) > 0).sum()).item() == pytest.approx(expected)
+    # ... not all rows: that scaled the loss by 1 - (filtered fraction)
+    assert algo.aggregate(values, mask, mode, num_seqs=3).item() == pytest.approx(old_convention, rel=1e-7)
 
 
 def reference_aggregate(values, mask, mode):
@@ -121,8 +143,8 @@ def reference_aggregate(values, mask, mode):
         return sum(sum(s) / len(s) for s in nonempty) / len(nonempty)
     if mode == "seq_mean_token_sum":
         return sum(sum(s) for s in nonempty) / len(nonempty)
-    if mode == "seq_mean_token_sum_norm":
-        return sum(tokens) / (len(seqs) * len(vals[0]))
+    if mode == "seq_mean_token_sum_const":
+        return sum(tokens) / (len(nonempty) * len(vals[0]))
     raise AssertionError(mode)
 
 
@@ -385,7 +407,7 @@ def accumulated_grad(n_micro, mask, agg, global_counts):
 SPLITS = [1, 2, 8]  # 1x8, 2x4, 8x1
 
 
-@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+@pytest.mark.parametrize("agg", sorted(algo.AGG_MODES))
 def test_microbatch_invariance_with_global_counts(agg):
     mask = tiny_policy_batch()[2]
     mask[1] = mask[2] = 0.0  # two overlong-filtered rows, in different micro-batches

@@ -58,6 +58,37 @@ def test_bad_values_raise_one_clear_error(override, needle):
     assert needle in str(exc.value)
 
 
+@pytest.mark.parametrize("cap, max_len, cache_len, soft, ok", [
+    # penalty ≠ 0 only for lengths in (max_len − cache_len, ...]; generation stops at the cap
+    (16, 20480, 4096, "true", False),      # the cap far below: never punished
+    (16384, 20480, 4096, "true", False),   # = max_len − cache_len: the longest response gets 0
+    (16385, 20480, 4096, "true", True),    # one token more: -1/4096
+    (20480, 20480, 4096, "true", True),    # the paper: max_len = the cap
+    (40, 32, 8, "true", True),             # a cap beyond max_len: -factor from 33 on
+    (16, 20480, 4096, "false", True),      # no punishment: the lengths do not matter
+])
+def test_soft_punishment_must_be_reachable_by_the_generation_cap(cap, max_len, cache_len, soft, ok):
+    ov = [f"rollout.max_new_tokens={cap}", f"algo.overlong.max_len={max_len}",
+          f"algo.overlong.cache_len={cache_len}", f"algo.overlong.soft_punish={soft}"]
+    if ok:
+        assert load_config(None, ov).rollout.max_new_tokens == cap
+        return
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, ov)
+    msg = str(exc.value)
+    assert f"rollout.max_new_tokens = {cap}: must be > algo.overlong.max_len - algo.overlong.cache_len " \
+           f"({max_len} - {cache_len} = {max_len - cache_len}) with algo.overlong.soft_punish on" in msg
+    assert "\n" not in msg
+
+
+def test_the_renamed_loss_agg_value_names_its_new_name():
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, ["algo.loss_agg=seq_mean_token_sum_norm"])
+    assert "algo.loss_agg = 'seq_mean_token_sum_norm': expected one of" in str(exc.value)
+    assert "renamed seq_mean_token_sum_const" in str(exc.value)
+    assert load_config(None, ["algo.loss_agg=seq_mean_token_sum_const"]).algo.loss_agg == "seq_mean_token_sum_const"
+
+
 def test_bad_files_name_the_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("algo:\n  clip: {eps_high: [1}\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import torch
 
 from dapo.config import load_config
 from dapo.engines import Completion
-from dapo.logprobs import old_logprobs
+from dapo.logprobs import old_logprobs, response_loss_mask
 from dapo.rollout import DynamicSamplingExhausted, RolloutBatch, collect_rollouts
 from dapo.update import Policy, update_policy
 
@@ -134,9 +135,10 @@ def _random_batch(G=4, B=4, seed=0):
                         torch.zeros(B, G))
 
 
-def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0, budget=None, chunk=None, wrap=None):
+def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0, budget=None, chunk=None, wrap=None, drop=()):
     """One optimizer step of a tiny policy on a fixed batch: (StepStats list, parameter deltas).
-    ``wrap``: e.g. DistributedDataParallel, for the update to go through (rank ``rank`` of ``world``)."""
+    ``wrap``: e.g. DistributedDataParallel, for the update to go through (rank ``rank`` of ``world``).
+    ``drop``: rows whose loss mask is zeroed (overlong-filtered responses)."""
     from dapo import algo
     cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4,
                   "train.micro_batch_seqs": micro, "algo.loss_agg": agg, "train.lr": 1e-2,
@@ -148,6 +150,7 @@ def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0, budget=None, c
     batch = _random_batch()
     old, _, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
     old = old - 0.05  # a stale policy, so ratios differ from 1 and clipping can act
+    mask[list(drop)] = 0.0
     adv = algo.group_advantages(batch.rewards).reshape(-1)
     trained = model if wrap is None else wrap(model)
     opt = torch.optim.SGD(trained.parameters(), lr=1.0)
@@ -166,6 +169,73 @@ def test_token_mean_update_is_invariant_to_micro_batch_split(micro):
     assert steps[0].loss == pytest.approx(ref_steps[0].loss, rel=1e-5, abs=1e-7)
     for k in ref_delta:
         torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("agg", ["seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_const"])
+@pytest.mark.parametrize("micro", [1, 2, 4])
+def test_sequence_mean_update_with_filtered_rows_is_invariant_to_the_split(agg, micro):
+    """Overlong-filtered rows (3 and 9, in different micro-batches) drop out of the sequence count
+    of the whole mini-batch, not of one micro-batch, so the split does not change the update."""
+    ref_steps, ref_delta = _one_update(16, agg=agg, drop=(3, 9))
+    steps, delta = _one_update(micro, agg=agg, drop=(3, 9))
+    assert steps[0].loss == pytest.approx(ref_steps[0].loss, rel=1e-5, abs=1e-7)
+    for k in ref_delta:
+        torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
+
+
+# one group, rewards +1 +1 -1 -1: Â = ±a, a = 1 / (std + 1e-6), std = sqrt(4/3) (unbiased).
+# π_old = π_θ - 0.05 on every token, so r = e^0.05 inside the clip range and ℓ = -r·Â per token.
+# Responses of 3, 2, 4, 1 tokens; the first is overlong-filtered (loss mask 0), leaving
+# Â = +a, -a, -a on 2, 4, 1 tokens: Σ_i Â_i = -a, Σ_i |o_i|·Â_i = 2a - 4a - a = -3a.
+_A = 1.0 / (math.sqrt(4.0 / 3.0) + 1e-6)
+_R = math.exp(0.05)
+FILTERED_LOSS = {                                   # S = 3 kept responses; C = rollout.max_new_tokens = 8
+    "seq_mean_token_mean": _R * _A / 3,             # -r·Σ_i Â_i / S
+    "seq_mean_token_sum": _R * 3 * _A / 3,          # -r·Σ_i |o_i|·Â_i / S
+    "seq_mean_token_sum_const": _R * 3 * _A / (3 * 8),
+    "token_mean": _R * 3 * _A / 7,                  # T = 7 kept tokens (never counted the filtered row)
+}
+
+
+@pytest.mark.parametrize("agg", sorted(FILTERED_LOSS))
+def test_filtered_responses_do_not_count_as_sequences(agg):
+    """The step loss by hand. Counting the filtered response in S (all 4 rows) gave 3/4 of it."""
+    from dapo import algo
+    cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 1, "train.mini_batch_prompts": 1,
+                  "train.micro_batch_seqs": 2, "algo.loss_agg": agg, "algo.overlong.filter": "true",
+                  "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false"})
+    batch = RolloutBatch([[5, 6]] * 4, [[7] * 3, [8] * 2, [9] * 4, [10]], torch.tensor([False, True, True, True]),
+                         torch.tensor([[True, True, False, False]]), torch.tensor([[1.0, 1.0, -1.0, -1.0]]),
+                         torch.zeros(1, 4))
+    model = _tiny_policy(2)
+    old, _, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
+    mask = response_loss_mask(mask, batch.finished, True)            # the truncated first one: all 0
+    assert mask.sum(-1).tolist() == [0.0, 2.0, 4.0, 1.0]
+    adv = algo.group_advantages(batch.rewards).reshape(-1)
+    assert adv.tolist() == pytest.approx([_A, _A, -_A, -_A], rel=1e-6)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    steps = update_policy(Policy(model, opt, sched, torch.device("cpu")), batch, old - 0.05, adv, mask, cfg)
+    assert len(steps) == 1
+    assert steps[0].loss == pytest.approx(FILTERED_LOSS[agg], rel=1e-5)
+
+
+def test_logged_lr_is_the_one_the_step_used(tmp_path):
+    """Linear warm-up over 4 gradient steps: the k-th step uses lr·k/4 and logs it (not the next one's)."""
+    from types import SimpleNamespace
+    from dapo import algo
+    from dapo.update import build_policy
+    _tiny_policy(0).save_pretrained(tmp_path / "m")
+    cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 2,
+                  "train.micro_batch_seqs": 4, "train.lr": 1e-3, "train.warmup_grad_steps": 4,
+                  "train.ppo_epochs": 2, "algo.dynamic_sampling.enabled": "false",
+                  "model.autocast_bf16": "false", "model.gradient_checkpointing": "false"})
+    p = build_policy(cfg, tmp_path / "m", SimpleNamespace(device=torch.device("cpu"), rank=0, world=1), pad_id=0)
+    batch = _random_batch()
+    old, _, mask = old_logprobs(p.model, batch, cfg, 0, torch.device("cpu"), False)
+    steps = update_policy(p, batch, old, algo.group_advantages(batch.rewards).reshape(-1), mask, cfg)
+    assert [s.lr for s in steps] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3], rel=1e-9)
+    assert p.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)   # the fifth step's
 
 
 @pytest.mark.parametrize("budget", [1, 12, 25, 40, 10_000])
