@@ -20,7 +20,6 @@ import torch
 from dapo import algo
 from dapo.config import Config
 from dapo.distributed import clip_grad_norm, max_over_ranks
-from dapo.distributed import clip_grad_norm, max_over_ranks
 from dapo.logprobs import length_sorted, logit_options, micro_batches, response_logits, token_entropy, token_logprobs
 
 __all__ = ["Policy", "build_policy", "update_policy", "StepStats", "NonFiniteError", "mean_metrics",
