@@ -58,8 +58,10 @@ def accelerate_command(*, python: str, config_path: str, run_dir: str, nodes: in
     """The ``accelerate launch`` argv that starts the training loop on one node of a job.
 
     ``num_processes`` = nodes × gpus_per_node (accelerate counts all machines),
-    ``num_machines`` = nodes; ``--config_file`` is the FSDP config when ``fsdp`` (default
-    ``slurm/accelerate-fsdp.yaml``) or whatever ``launch.accelerate_config`` names.
+    ``num_machines`` = nodes; ``--config_file`` is ``slurm/accelerate-fsdp.yaml`` when ``fsdp``
+    or whatever ``launch.accelerate_config`` names. Accelerate only starts the processes (and
+    exports RANK / WORLD_SIZE / MASTER_ADDR ...): with more than one, the loop shards the model
+    with FSDP2 and runs one vLLM engine per rank itself (:mod:`dapo.distributed`), whatever the file.
     """
     argv = [python, "-m", "accelerate.commands.launch",
             "--num_processes", str(nodes * gpus_per_node), "--num_machines", str(nodes),
