@@ -229,8 +229,8 @@ def _checkpoint(run: Run, r: int) -> None:
                         state=run.state, keep_last=run.cfg.checkpoint.keep_last)
     if run.is_main:
         faults.kill_point("KILL_AFTER_CHECKPOINT", r)   # test hook: checkpointed, not yet flushed
-        run.tracker.flush()
-        run.state["pending"] = []
+    run.tracker.flush()                                   # ranks > 0: a disabled tracker drops its copy
+    run.state["pending"] = []
     barrier(p.world)
 
 
