@@ -183,6 +183,7 @@ def _rollouts(run: Run, r: int):
     generates its share of every round, the completions are all-gathered, so every rank scores and
     keeps the same groups in the same order. Then the engine is released for the update (vLLM
     sleep mode on GPUs)."""
+    run.engine.take_counts()                      # count this step's rollout prompts only (not eval's)
     batch, run.engine = rollout_with_retry(run.engine, run.sampler, run.prompt_tokens, run.cfg, r,
                                            lambda: _new_engine(run))
     shares = run.engine.take_counts()
