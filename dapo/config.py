@@ -24,7 +24,6 @@ import hashlib
 import json
 import math
 import re
-import reprlib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,28 +31,13 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+from dapo.yaml_io import MAX_ALIAS_NODES, ConfigError, RefusedYaml, safe_yaml_file, safe_yaml_text, show
+
 __all__ = [
     "ConfigError", "Config", "load_config", "build_config", "parse_overrides",
     "apply_overrides", "to_dict", "flatten", "config_hash", "field_docs", "show", "safe_yaml_text",
     "safe_yaml_file", "MAX_ALIAS_NODES",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the file, the key and what is allowed."""
-
-
-SHOW_CHARS = 200
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 4, SHOW_CHARS, SHOW_CHARS
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
-
-
-def show(value: Any, limit: int = SHOW_CHARS) -> str:
-    """``repr(value)`` for an error message, at most ``limit`` characters: a user value is never
-    printed whole (reprlib walks at most a few levels and items, so a huge value costs nothing)."""
-    text = _REPR.repr(value)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING):
@@ -292,7 +276,8 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
         raise bad()
     if origin is Literal:
         if value not in typing.get_args(tp):
-            raise bad(f"; {RENAMED_VALUES[key, value]}" if (key, value) in RENAMED_VALUES else "")
+            renamed = RENAMED_VALUES.get((key, value)) if isinstance(value, str) else None
+            raise bad(f"; {renamed}" if renamed else "")
         return value
     if origin is tuple:
         if isinstance(value, dict) or isinstance(value, str) or not isinstance(value, (list, tuple)):
@@ -445,7 +430,7 @@ def parse_value(text: str) -> Any:
     try:
         return safe_yaml_text(text, "override value")
     except ConfigError as exc:
-        if isinstance(exc.__cause__, yaml.YAMLError) and not isinstance(exc.__cause__, _RefusedYaml):
+        if isinstance(exc.__cause__, yaml.YAMLError) and not isinstance(exc.__cause__, RefusedYaml):
             return text
         raise
 
@@ -505,100 +490,6 @@ def _deep_merge(base: dict, top: dict) -> dict:
     for k, v in top.items():
         out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
-
-
-MAX_ALIAS_NODES = 10_000   # nodes that YAML aliases (*name) may add to a document, expanded
-
-
-class _RefusedYaml(yaml.YAMLError):
-    """Valid YAML this project refuses: an alias bomb, a recursive alias, a repeated key."""
-
-
-def _expanded_nodes(node: yaml.Node, memo: dict[int, int], busy: set[int]) -> int:
-    """Nodes of ``node`` with every alias expanded (memoised per node, so linear in the document)."""
-    if id(node) in memo:
-        return memo[id(node)]
-    if id(node) in busy:
-        raise _RefusedYaml(f"line {node.start_mark.line + 1}: a recursive alias (an anchor used inside itself)")
-    busy.add(id(node))
-    kids: list = []
-    if isinstance(node, yaml.SequenceNode):
-        kids = list(node.value)
-    elif isinstance(node, yaml.MappingNode):
-        kids = [n for pair in node.value for n in pair]
-    n = 1 + sum(_expanded_nodes(k, memo, busy) for k in kids)
-    busy.discard(id(node))
-    memo[id(node)] = n
-    return n
-
-
-class _Loader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses alias bombs and repeated mapping keys."""
-
-    def compose_document(self):
-        node = super().compose_document()
-        if node is not None:
-            distinct: set[int] = set()
-            todo = [node]
-            while todo:                       # the document's own nodes, each once
-                n = todo.pop()
-                if id(n) in distinct:
-                    continue
-                distinct.add(id(n))
-                if isinstance(n, yaml.SequenceNode):
-                    todo += n.value
-                elif isinstance(n, yaml.MappingNode):
-                    todo += [x for pair in n.value for x in pair]
-            expanded = _expanded_nodes(node, {}, set())
-            if expanded - len(distinct) > MAX_ALIAS_NODES:
-                raise _RefusedYaml(f"aliases (*name) expand to {expanded} nodes, more than {MAX_ALIAS_NODES} "
-                                   f"beyond the {len(distinct)} written (an alias bomb?)")
-        return node
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: dict = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
-                    continue
-                key = self.construct_object(key_node)
-                try:
-                    if key in seen:
-                        raise _RefusedYaml(f"line {key_node.start_mark.line + 1}: key {show(key)} is given twice "
-                                           f"in one mapping (first on line {seen[key]}); give each key once")
-                    seen[key] = key_node.start_mark.line + 1
-                except TypeError:   # an unhashable key: SafeConstructor reports it
-                    pass
-        return super().construct_mapping(node, deep=deep)
-
-
-def safe_yaml_text(text: str, where: str) -> Any:
-    """``yaml.safe_load`` of ``text`` without alias bombs or repeated keys; a ConfigError naming ``where``."""
-    try:
-        loader = _Loader(text)      # what yaml.safe_load does, with this SafeLoader subclass
-        try:
-            return loader.get_single_data()
-        finally:
-            loader.dispose()
-    except RecursionError:
-        raise ConfigError(f"{where}: YAML nested too deeply") from None
-    except _RefusedYaml as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {show(str(exc), 400)}") from exc
-
-
-def safe_yaml_file(path: Path) -> Any:
-    """:func:`safe_yaml_text` of a file; any way the file can be unreadable is a ConfigError naming it.
-
-    The one YAML loader of experiments, sweep specs and cluster profiles."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-    return safe_yaml_text(text, str(path))
 
 
 def read_yaml(path: str | Path, _seen: tuple = ()) -> dict:
