@@ -418,6 +418,22 @@ class Tracker:
                           what="read metric history")
         return {int(m.value) for m in hist}
 
+    def has_point(self, rollout_step: int) -> bool:
+        """Whether this rollout step's point is buffered or already in MLflow."""
+        return any(p["rollout_step"] == rollout_step for p in self.buffer) or \
+            rollout_step in self.logged_rollout_steps()
+
+    def last_eval(self) -> dict[str, float]:
+        """The run's latest ``eval/*`` metrics: from the buffer, else from MLflow."""
+        for p in reversed(self.buffer):
+            ev = {k: v for k, v in p["metrics"].items() if k.startswith("eval/")}
+            if ev:
+                return ev
+        if not self.enabled:
+            return {}
+        run = self._call(self.client.get_run, self.run_uuid, what="read run")
+        return {k: v for k, v in run.data.metrics.items() if k.startswith("eval/")}
+
     def flush(self) -> int:
         """Send buffered points to MLflow, skipping rollout steps it already has."""
         if not self.enabled or not self.buffer:

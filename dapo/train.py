@@ -123,7 +123,7 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
     from tqdm.auto import tqdm
     run = _start_run(cfg, run_dir, tags)          # processes, policy, data, resume, tracking, engine
     policy, state, tracker = run.policy, run.state, run.tracker
-    eval0 = broadcast_object(run.is_main and not _has_point(tracker, 0), policy.world)   # all ranks evaluate
+    eval0 = broadcast_object(run.is_main and not tracker.has_point(0), policy.world)   # all ranks evaluate
     if state["rollout_step"] == 0 and cfg.eval.at_start and eval0:
         t = time.time()
         ev = _evaluate(run, 0)                    # grad step 0: the model before training
@@ -321,7 +321,7 @@ def _finish(run: Run) -> dict[str, Any]:
                "checkpoint": str(latest_checkpoint(run.run_dir))}
     final_sd = final_state_dict(run.policy.module) if run.cfg.checkpoint.save_final_model else None  # all ranks
     if run.is_main:
-        final = _final_eval(tracker)
+        final = tracker.last_eval()
         summary["final_eval"] = final
         if final_sd is not None:
             run.policy.module.save_pretrained(run.run_dir / "final_model", state_dict=final_sd)
@@ -339,22 +339,6 @@ def _finish(run: Run) -> dict[str, Any]:
 
 
 # =========================================================================== helpers
-def _has_point(tracker, rollout_step: int) -> bool:
-    return any(p["rollout_step"] == rollout_step for p in tracker.buffer) or \
-        rollout_step in tracker.logged_rollout_steps()
-
-
-def _final_eval(tracker) -> dict[str, float]:
-    for p in reversed(tracker.buffer):
-        ev = {k: v for k, v in p["metrics"].items() if k.startswith("eval/")}
-        if ev:
-            return ev
-    if not tracker.enabled:
-        return {}
-    run = tracker.client.get_run(tracker.run_uuid)
-    return {k: v for k, v in run.data.metrics.items() if k.startswith("eval/")}
-
-
 def _step_line(r: int, total: int, grad_step: int, m: dict[str, float], batch, ev: dict[str, float]) -> str:
     return (f"step {r}/{total} grad {grad_step} reward {m['rollout/reward_mean']:+.3f} "
             f"acc {m['rollout/acc_mean']:.3f} ent {m.get('train/entropy', float('nan')):.3f} "

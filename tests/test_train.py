@@ -520,9 +520,10 @@ def test_three_step_runs_with_vllm_log_sane_metrics(tmp_path, base_model_path, e
 def test_interrupted_run_resumes_to_the_same_metrics(tmp_path, base_model_path):
     """kill -9 after step 3's update (before its checkpoint) → rerun resumes from step 2 and
     ends with exactly the metrics of an uninterrupted run; MLflow has each step once."""
-    e2e = [o for o in E2E if not o.startswith("train.rollout_steps=")]   # a key given twice is refused
-    common = ["experiments/tiny-dapo.yaml", *e2e, "train.rollout_steps=4", f"model.path={base_model_path}",
-              "rollout.engine=hf", "eval.every=2", "algo.dynamic_sampling.on_exhausted=proceed"]
+    mine = ["train.rollout_steps=4", f"model.path={base_model_path}", "rollout.engine=hf", "eval.every=2",
+            "algo.dynamic_sampling.on_exhausted=proceed"]
+    keys = {o.split("=", 1)[0] for o in mine}                              # a key given twice is refused
+    common = ["experiments/tiny-dapo.yaml", *[o for o in E2E if o.split("=", 1)[0] not in keys], *mine]
     res = {}
     for name in ["straight", "killed"]:
         uri = f"sqlite:///{tmp_path / name / 'mlruns.db'}"
