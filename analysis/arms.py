@@ -164,35 +164,33 @@ def find_pair(toggle: str, tidy: pd.DataFrame, sweep: SweepInfo, configs: dict |
 
 def dapo_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
              *, _acfg: dict | None = None) -> ArmInfo | None:
-    """The full-DAPO arm: a ladder's last row; else the arm named "dapo"; else the one with most techniques."""
-    arms = arms_with_runs(tidy, sweep)
-    if not arms:
-        return None
-    if sweep.kind == "ladder":
-        return arms[-1]
-    for a in arms:
-        if a.name.lower() == "dapo":
-            return a
-    acfg = _acfg if _acfg is not None else flat_arm_configs(tidy, sweep, configs)
-    return max(arms, key=lambda a: (sum(bool(toggle_state(acfg[a.name], t)) for t in TOGGLES),
-                                    [x.name for x in arms].index(a.name)))
+    """The full-DAPO arm: a ladder's last row; else the arm named "dapo"; else the one with most
+    techniques (ties: the later arm). None without runs."""
+    return _end_arm(tidy, sweep, configs, _acfg, ladder_index=-1, name="dapo", choose=max)
 
 
 def baseline_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
                  *, _acfg: dict | None = None) -> ArmInfo | None:
     """The baseline arm (GRPO): a ladder's first row; else the arm named "grpo"; else the one with
     fewest techniques (ties: the earlier arm). None without runs."""
+    return _end_arm(tidy, sweep, configs, _acfg, ladder_index=0, name="grpo", choose=min)
+
+
+def _end_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None, acfg: dict | None, *,
+             ladder_index: int, name: str, choose) -> ArmInfo | None:
+    """One end of the technique count: a ladder's row ``ladder_index``, else the arm called ``name``,
+    else ``choose`` (min/max) over (techniques on, arm order)."""
     arms = arms_with_runs(tidy, sweep)
     if not arms:
         return None
     if sweep.kind == "ladder":
-        return arms[0]
+        return arms[ladder_index]
     for a in arms:
-        if a.name.lower() == "grpo":
+        if a.name.lower() == name:
             return a
-    acfg = _acfg if _acfg is not None else flat_arm_configs(tidy, sweep, configs)
-    return min(arms, key=lambda a: (sum(bool(toggle_state(acfg[a.name], t)) for t in TOGGLES),
-                                    [x.name for x in arms].index(a.name)))
+    acfg = acfg if acfg is not None else flat_arm_configs(tidy, sweep, configs)
+    return choose(arms, key=lambda a: (sum(bool(toggle_state(acfg[a.name], t)) for t in TOGGLES),
+                                       [x.name for x in arms].index(a.name)))
 
 
 # --------------------------------------------------------------------------- arms from configs
