@@ -56,7 +56,7 @@ def _worker_sharded_engine(out: Path) -> None:
     from dapo.engines import SamplingSpec, make_engine
     from dapo.engines.sharded import RankShardedEngine
     from dapo.models import build_char_tokenizer, build_tiny_qwen2, load_model
-    sys.path.insert(0, "/tmp/dtrial"); from ws_draft import weight_stream  # TEMP
+    from dapo.weight_sync import weight_stream
 
     d = init_distributed(PG_TIMEOUT_S)
     torch.set_num_threads(1)
