@@ -186,7 +186,7 @@ def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, a
     length-sorted order) and the rows are all-gathered; a rank with fewer micro-batches than the
     busiest runs extra passes (results dropped), as a sharded model's forwards are collectives.
     """
-    from dapo.distributed import all_gather_object, max_over_ranks
+    from dapo.distributed import all_gather_object, pad_to_busiest
     N = len(batch.response_ids)
     L = max(max((len(r) for r in batch.response_ids), default=0), 1)
     logp = torch.zeros(N, L)
@@ -196,8 +196,7 @@ def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, a
     was_training = model.training
     model.eval()
     micro = micro_batches(length_sorted(list(range(N)), batch)[rank::world], batch, cfg)
-    real = len(micro)
-    micro += [[0]] * (max_over_ranks(real, world) - real) if N else []
+    real = pad_to_busiest(micro, [0], world) if N else 0           # extra passes: results dropped
     rows = []
     for k, idx in enumerate(micro):
         logits, tgt, m = response_logits(model, [batch.prompt_ids[i] for i in idx],

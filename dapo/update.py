@@ -19,7 +19,7 @@ import torch
 
 from dapo import algo
 from dapo.config import Config
-from dapo.distributed import clip_grad_norm, max_over_ranks
+from dapo.distributed import clip_grad_norm, pad_to_busiest
 from dapo.logprobs import length_sorted, logit_options, micro_batches, response_logits, token_entropy, token_logprobs
 
 __all__ = ["Policy", "build_policy", "update_policy", "StepStats", "NonFiniteError", "mean_metrics",
@@ -203,10 +203,7 @@ def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, los
     p.optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = defaultdict(float)
     micro = micro_batches(mine, batch, cfg)
-    real = len(micro)
-    # sharded forwards/backwards are collectives: a rank with fewer micro-batches than the
-    # busiest one runs weight-0 passes (over one sequence of the mini-batch) to stay in step
-    micro += [seqs[:1]] * (max_over_ranks(real, p.world) - real)
+    real = pad_to_busiest(micro, seqs[:1], p.world)     # extra passes (weight 0) keep sharded ranks in step
     for k_micro, idx in enumerate(micro):
         totals = _micro_step(p, batch, idx, old_logp, advantages, loss_mask, cfg, num_tokens, num_seqs,
                              weight=1.0 if k_micro < real else 0.0)
