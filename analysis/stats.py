@@ -8,12 +8,14 @@ x's seed values (same seed, same resamples), only vectorized over x.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["bootstrap_ci", "seed_band", "run_finals", "per_run_curve"]
+__all__ = ["bootstrap_ci", "seed_band", "run_finals", "per_run_curve", "PairedDiff", "paired_diff",
+           "sign_flip_p", "seeds_needed", "SEEDS_NEEDED_METHOD"]
 
 
 def bootstrap_ci(values, n_boot: int = 10000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float, float]:
@@ -131,3 +133,137 @@ def run_finals(tidy: pd.DataFrame, metric: str, final_k: int = 3) -> pd.DataFram
     out = last.groupby(["arm", "run", "seed"], sort=False).agg(
         final=("value", "mean"), last_step=("grad_step", "max")).reset_index()
     return out
+
+
+# --------------------------------------------------------------------------- paired arms
+@dataclass(frozen=True)
+class PairedDiff:
+    """Arm b − arm a, paired by seed (see :func:`paired_diff`)."""
+    mean: float            # mean over paired seeds of (b − a)
+    lo: float              # 95% (1 − alpha) percentile-bootstrap CI over pairs
+    hi: float
+    p: float               # two-sided sign-flip permutation p-value
+    n: int                 # paired seeds (seeds present in both arms)
+    sd: float              # SD (ddof 1) of the per-seed differences; NaN below 2 pairs
+    exact: bool            # True: all 2^n sign flips; False: Monte Carlo flips
+    seeds: tuple = ()      # the paired seeds, sorted
+
+
+EXACT_MAX_N = 16
+"""Up to this many pairs the permutation test enumerates all 2^n sign flips; above, Monte Carlo."""
+
+
+def _by_seed(values) -> pd.Series:
+    """A mapping / Series {seed: value} → float Series indexed by seed (NaNs dropped, duplicate seeds averaged)."""
+    s = pd.Series(values, dtype=float) if not isinstance(values, pd.Series) else values.astype(float)
+    s = s[np.isfinite(s.to_numpy())]
+    return s.groupby(level=0).mean()
+
+
+def sign_flip_p(diffs, *, n_perm: int = 100_000, seed: int = 0) -> tuple[float, bool]:
+    """``(p, exact)``: two-sided paired permutation test of mean(diffs) = 0 by sign flips.
+
+    diffs: [n]. Under H0 each difference is as likely + as −; the statistic is |mean|.
+    n ≤ :data:`EXACT_MAX_N`: all 2^n sign vectors S: [2^n, n] (the observed one among them),
+    p = #{|S·d|/n ≥ |mean(d)|} / 2^n (exact; smallest possible p is 2/2^n). Larger n:
+    ``n_perm`` random sign vectors from ``default_rng(seed)``, p = (1 + hits) / (1 + n_perm).
+    Ties count as "at least as extreme" (relative tolerance 1e-12). n = 0: NaN.
+    """
+    d = np.asarray(diffs, dtype=float).ravel()
+    d = d[np.isfinite(d)]
+    n = d.size
+    if n == 0:
+        return float("nan"), True
+    obs = abs(d.mean())
+    tol = 1e-12 * max(1.0, float(np.abs(d).max()))
+    if n <= EXACT_MAX_N:
+        bits = (np.arange(2 ** n)[:, None] >> np.arange(n)[None, :]) & 1      # [2^n, n]
+        signs = 1.0 - 2.0 * bits
+        means = np.abs(signs @ d) / n                                         # [2^n]
+        return float((means >= obs - tol).mean()), True
+    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(n_perm, n))  # [n_perm, n]
+    hits = int((np.abs(signs @ d) / n >= obs - tol).sum())
+    return (1 + hits) / (1 + n_perm), False
+
+
+def paired_diff(a, b, *, n_boot: int = 10000, alpha: float = 0.05, seed: int = 0,
+                n_perm: int = 100_000) -> PairedDiff:
+    """Arm b − arm a over the seeds both arms have.
+
+    a, b: {seed: final value} (a mapping or a Series indexed by seed); seeds in only one
+    arm are dropped (``n`` says how many pairs are left). Per seed d = b − a: [n].
+    mean = mean(d); lo, hi = :func:`bootstrap_ci` of d (percentile bootstrap over pairs,
+    ``default_rng(seed)``); p = :func:`sign_flip_p` (exact paired sign-flip permutation test
+    for n ≤ 16, else Monte Carlo with ``n_perm`` flips and the same seed). Swapping a and b
+    negates mean/lo/hi and keeps p. No pairs: everything NaN, n = 0.
+    """
+    sa, sb = _by_seed(a), _by_seed(b)
+    seeds = sorted(set(sa.index) & set(sb.index))
+    d = (sb.loc[seeds] - sa.loc[seeds]).to_numpy(dtype=float) if seeds else np.zeros(0)
+    mean, lo, hi = bootstrap_ci(d, n_boot=n_boot, alpha=alpha, seed=seed)
+    p, exact = sign_flip_p(d, n_perm=n_perm, seed=seed)
+    sd = float(d.std(ddof=1)) if d.size >= 2 else float("nan")
+    return PairedDiff(mean, lo, hi, p, int(d.size), sd, exact, tuple(seeds))
+
+
+def _z(q: float) -> float:
+    """Standard normal quantile (numpy only: Acklam's rational approximation, |error| < 1.2e-9)."""
+    a = [-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02, 1.383577518672690e+02,
+         -3.066479806614716e+01, 2.506628277459239e+00]
+    b = [-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02, 6.680131188771972e+01,
+         -1.328068155288572e+01]
+    c = [-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00, -2.549732539343734e+00,
+         4.374664141464968e+00, 2.938163982698783e+00]
+    e = [7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00, 3.754408661907416e+00]
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"quantile {q} not in (0, 1)")
+    if q < 0.02425 or q > 1 - 0.02425:
+        r = np.sqrt(-2 * np.log(min(q, 1 - q)))
+        x = (((((c[0] * r + c[1]) * r + c[2]) * r + c[3]) * r + c[4]) * r + c[5]) / \
+            ((((e[0] * r + e[1]) * r + e[2]) * r + e[3]) * r + 1)
+        return float(x if q < 0.5 else -x)
+    r = (q - 0.5) ** 2
+    x = (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * (q - 0.5) / \
+        (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
+    return float(x)
+
+
+def _t_ppf():
+    """scipy.stats.t.ppf if scipy is importable, else None (scipy is not a declared dependency)."""
+    try:
+        from scipy.stats import t
+    except ImportError:
+        return None
+    return t.ppf
+
+
+SEEDS_NEEDED_METHOD = ("paired t-test, two-sided: normal approximation n₀ = ⌈((z₁₋α/₂ + z_power)·sd/Δ)²⌉, "
+                       "then the smallest n ≥ n₀ with n ≥ ((t₁₋α/₂,ₙ₋₁ + t_power,ₙ₋₁)·sd/Δ)² "
+                       "(t quantiles from scipy; without scipy: n₀ + 1)")
+"""How :func:`seeds_needed` counts, in words (for footnotes)."""
+
+
+def seeds_needed(sd_diff: float, effect: float, power: float = 0.8, alpha: float = 0.05, *,
+                 t_ppf=..., max_n: int = 1_000_000) -> int | None:
+    """Paired seeds needed to detect a mean difference ``effect`` with a two-sided paired test.
+
+    sd_diff: the SD of the per-seed differences (same units as effect; the sign of effect is
+    ignored). Normal approximation n₀ = ⌈((z_{1−α/2} + z_{power})·sd/|effect|)²⌉ (at least 2).
+    With t quantiles (``t_ppf``: default scipy.stats.t.ppf when scipy imports, None forces the
+    fallback): the smallest n ≥ n₀ with n ≥ ((t_{1−α/2, n−1} + t_{power, n−1})·sd/|effect|)²,
+    i.e. the t-iteration n ← f(n) taken at its fixed point from below (the right side falls
+    as n grows, so the search is monotone; a plain iteration can jump between 2 and a large
+    n when sd/|effect| is small). Without scipy: n₀ + 1 (small-sample correction).
+    None when sd_diff or effect is 0, negative or not finite (the table shows "–").
+    """
+    if not (np.isfinite(sd_diff) and np.isfinite(effect)) or sd_diff <= 0 or effect == 0:
+        return None
+    k = sd_diff / abs(effect)
+    n0 = max(2, int(np.ceil(((_z(1 - alpha / 2) + _z(power)) * k) ** 2 - 1e-9)))
+    ppf = _t_ppf() if t_ppf is ... else t_ppf
+    if ppf is None:
+        return n0 + 1
+    n = n0
+    while n < max_n and n < ((ppf(1 - alpha / 2, n - 1) + ppf(power, n - 1)) * k) ** 2 - 1e-9:
+        n += 1
+    return n
