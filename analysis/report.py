@@ -24,7 +24,7 @@ writes::
 
     snapshot/   runs.parquet configs.json sweep.json meta.json   (only when reading MLflow)
     figures/    fig1..fig7 .png + .pdf (a figure the sweep cannot show is listed, not drawn)
-    table1.md table1.csv table1.tex compare.md report.md
+    table1.md table1.csv table1.tex compare.md cost.csv report.md
     reading.md  the human-written reading; never overwritten unless a new one is given
 """
 
@@ -42,7 +42,9 @@ import pandas as pd
 
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
 from .runs import SweepInfo, load_runs, load_snapshot, read_meta, snapshot
-from .tables import compare_table, format_table1, table1, to_csv, to_latex, to_markdown
+from .metric_names import primary_metric
+from .tables import (COST_NOTE, compare_table, cost_ledger, format_cost, format_table1, paired_line, table1,
+                     table1_footnote, to_csv, to_latex, to_markdown)
 
 __all__ = ["write_report", "main"]
 
@@ -50,11 +52,29 @@ _NO_READING = ("_No reading yet. Write one in `reading.md` next to this file (or
                "it is kept when the report is regenerated._")
 
 
+def _pair_md(tidy, off, on, metric: str | None, final_k: int, cost: pd.DataFrame) -> list[str]:
+    """One pair's section body: the paired line on the sweep's metric, the two arms' cost, every metric."""
+    out = [paired_line(tidy, off, on, metric, final_k)] if metric else []
+    two = cost[cost["arm"].isin([off.name, on.name])]
+    if len(two):
+        two = two.set_index("arm").loc[[a for a in (off.name, on.name) if a in set(two["arm"])]].reset_index()
+        two.attrs.update(cost.attrs)
+        out += ["Cost (per run, mean over seeds; see report.md's cost ledger for what is counted):\n",
+                to_markdown(format_cost(two))]
+    out.append(to_markdown(compare_table(tidy, off.name, on.name, final_k=final_k)))
+    return out
+
+
 def _compare_md(tidy, configs, sweep: SweepInfo, final_k: int) -> str:
     acfg = flat_arm_configs(tidy, sweep, configs)
+    metric = sweep.metric or primary_metric(tidy)
+    cost = cost_ledger(tidy, sweep, configs, metric=metric, final_k=final_k)
     parts = [f"# {sweep.name}: arm-vs-arm comparison\n",
              f"Final value per run = mean of its last {final_k} logged points; mean over seeds. "
-             "`diff` = second arm − first arm. Accuracies and fractions in %.\n"]
+             "`diff` = second arm − first arm. Accuracies and fractions in %. "
+             "`paired_diff` [`paired_lo`, `paired_hi`]: the same difference paired by seed (seeds both arms "
+             "ran), 95% percentile-bootstrap CI over the pairs; `p`: two-sided exact sign-flip permutation "
+             "test of the paired mean difference (all 2^n flips); `n_pairs`: seeds in both arms.\n"]
     seen = set()
     for t in TOGGLES:
         p = find_pair(t, tidy, sweep, configs, _acfg=acfg)
@@ -62,12 +82,12 @@ def _compare_md(tidy, configs, sweep: SweepInfo, final_k: int) -> str:
             continue
         seen.add((p.off.name, p.on.name))
         parts += [f"## {TOGGLES[t].title}: {p.off.label} → {p.on.label}\n", p.describe() + "\n",
-                  to_markdown(compare_table(tidy, p.off.name, p.on.name, final_k=final_k))]
+                  *_pair_md(tidy, p.off, p.on, metric, final_k, cost)]
     arms = arms_with_runs(tidy, sweep)
     full = dapo_arm(tidy, sweep, configs, _acfg=acfg)
     if arms and full is not None and arms[0].name != full.name and (arms[0].name, full.name) not in seen:
         parts += [f"## First arm vs DAPO arm: {arms[0].label} → {full.label}\n",
-                  to_markdown(compare_table(tidy, arms[0].name, full.name, final_k=final_k))]
+                  *_pair_md(tidy, arms[0], full, metric, final_k, cost)]
     if len(parts) == 2:
         parts.append("_Fewer than two arms: nothing to compare._\n")
     return "\n".join(parts)
@@ -111,15 +131,20 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
 
     t1 = table1(tidy, sweep, final_k=final_k)
     shown = format_table1(t1)
-    to_markdown(shown, out / "table1.md")
+    footnote = table1_footnote(t1)
+    (out / "table1.md").write_text(to_markdown(shown) + "\n" + footnote + "\n")
     written.append(out / "table1.md")
     written.append(to_csv(t1, out / "table1.csv"))
     caption = (f"{sweep.name}: final {t1.attrs.get('metric')} (mean of the last {final_k} evaluations "
-               f"per seed; 95% bootstrap CI over seeds) vs the paper.")
+               f"per seed; 95% bootstrap CI over seeds) vs the paper. Δ vs previous arm: paired by seed, "
+               f"95% bootstrap CI over pairs; p: exact paired sign-flip permutation test; seeds for the "
+               f"paper's Δ at 80% power, α = 0.05.")
     to_latex(shown, out / "table1.tex", caption=caption, label=f"tab:{sweep.name}")
     written.append(out / "table1.tex")
     (out / "compare.md").write_text(_compare_md(tidy, configs, sweep, final_k))
     written.append(out / "compare.md")
+    cost = cost_ledger(tidy, sweep, configs, metric=t1.attrs.get("metric"), final_k=final_k)
+    written.append(to_csv(cost, out / "cost.csv"))
 
     reading_path = out / "reading.md"
     if reading is not None:
@@ -142,9 +167,11 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              + (f"; analysis commit {meta['commit']}" if meta.get("commit") else ""),
              "", "## Table 1", "", to_markdown(shown),
              paper_note + " Ours: see the sweep config; "
-             "CIs are 95% percentile bootstrap over seeds (one seed: no interval).",
+             "CIs are 95% percentile bootstrap over seeds (one seed: no interval).", "",
+             footnote, "",
              "Files: [table1.csv](table1.csv), [table1.tex](table1.tex), "
              "[arm-vs-arm comparison](compare.md).", "",
+             "## Cost ledger", "", to_markdown(format_cost(cost)), COST_NOTE + " Numbers: [cost.csv](cost.csv).", "",
              "## Runs", "", _runs_md(tidy, sweep), "## Figures", ""]
     for r in results:
         number = r.name[3:]

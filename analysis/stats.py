@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["bootstrap_ci", "seed_band", "run_finals", "per_run_curve", "PairedDiff", "paired_diff",
-           "sign_flip_p", "seeds_needed", "SEEDS_NEEDED_METHOD"]
+           "sign_flip_p", "seeds_needed", "min_pairs_sign_flip", "SEEDS_NEEDED_METHOD"]
 
 
 def bootstrap_ci(values, n_boot: int = 10000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float, float]:
@@ -204,6 +204,11 @@ def paired_diff(a, b, *, n_boot: int = 10000, alpha: float = 0.05, seed: int = 0
     p, exact = sign_flip_p(d, n_perm=n_perm, seed=seed)
     sd = float(d.std(ddof=1)) if d.size >= 2 else float("nan")
     return PairedDiff(mean, lo, hi, p, int(d.size), sd, exact, tuple(seeds))
+
+
+def min_pairs_sign_flip(alpha: float = 0.05) -> int:
+    """The fewest pairs with which the exact two-sided sign-flip test can give p ≤ alpha: 2/2^n ≤ alpha (α 0.05 → 6)."""
+    return max(1, int(np.ceil(np.log2(2.0 / alpha) - 1e-12)))
 
 
 def _z(q: float) -> float:
