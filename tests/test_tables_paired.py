@@ -1,0 +1,149 @@
+"""Table 1's paired columns, compare.md's paired line and the cost ledger, on a tidy table with known values.
+
+Ladder a → b → c, seeds 0–2 (b also has seed 3, unpaired). Eval avg@8 at grad steps 0, 2, 4:
+0.30 at step 0 for every run, then the seed's final twice (final_k = 2 → exactly that final):
+
+    a  0.40 0.50 0.60          paper 30
+    b  0.41 0.52 0.63 (+0.90)  paper 36    b − a per seed: +1, +2, +3 pp
+    c  = b                     paper 38    c − b: 0, 0, 0 (SD 0)
+
+Per rollout step (1–4, one grad step each): sampling/gen_tokens 100, perf/train_tokens_per_s 50 and
+time/train_s 2 (100 trained tokens), time/step_s 10; time/eval_s 5 at step 0; train.threads 2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.runs import ArmInfo, SweepInfo, normalize_tidy
+
+METRIC = "eval/arith/avg_at_8"
+FINALS = {"a": {0: 0.40, 1: 0.50, 2: 0.60}, "b": {0: 0.41, 1: 0.52, 2: 0.63, 3: 0.90},
+          "c": {0: 0.41, 1: 0.52, 2: 0.63}}
+PAPER = {"a": 30.0, "b": 36.0, "c": 38.0}
+EPS = {"a": 0.2, "b": 0.2, "c": 0.28}
+LOSS = {"a": "seq_mean_token_mean", "b": "token_mean", "c": "token_mean"}
+
+
+def _tidy() -> pd.DataFrame:
+    rows = []
+    for arm, finals in FINALS.items():
+        for seed, f in finals.items():
+            run = f"{arm}{seed}"
+            base = dict(run=run, run_id=run, sweep="s", arm=arm, seed=seed)
+            for g, v in ((0, 0.30), (2, f), (4, f)):
+                rows.append({**base, "rollout_step": g, "grad_step": g, "time": 10.0 * g, "metric": METRIC, "value": v})
+            rows.append({**base, "rollout_step": 0, "grad_step": 0, "time": 0.0, "metric": "time/eval_s", "value": 5.0})
+            for g in range(1, 5):
+                for m, v in (("sampling/gen_tokens", 100.0), ("perf/train_tokens_per_s", 50.0),
+                             ("time/train_s", 2.0), ("time/step_s", 10.0), ("train/entropy", 0.5 + 0.1 * seed)):
+                    rows.append({**base, "rollout_step": g, "grad_step": g, "time": 10.0 * g, "metric": m, "value": v})
+    return normalize_tidy(pd.DataFrame(rows))
+
+
+def _sweep(kind: str = "ladder") -> SweepInfo:
+    return SweepInfo(name="s", kind=kind, metric=METRIC, final_k=2, arms=tuple(
+        ArmInfo(a, f"arm {a}", {"algo.clip.eps_high": EPS[a], "algo.clip.eps_low": 0.2, "algo.loss_agg": LOSS[a]},
+                PAPER[a]) for a in FINALS))
+
+
+def _configs(threads=2) -> dict:
+    return {f"{a}{s}": {"train": {"threads": threads, "seed": s}} for a, f in FINALS.items() for s in f}
+
+
+def test_table1_paired_columns_by_hand():
+    from analysis.tables import table1
+    t = table1(_tidy(), _sweep(), final_k=2).set_index("arm")
+    assert math.isnan(t.loc["a", "d_prev"]) and t.loc["a", "n_pairs"] == 0          # first row: nothing before it
+    b = t.loc["b"]
+    assert b["n_pairs"] == 3                                                        # seed 3 (b only) dropped
+    assert b["d_prev"] == pytest.approx(2.0) and b["p_prev"] == pytest.approx(0.25)   # d = [1, 2, 3] pp
+    assert b["sd_prev"] == pytest.approx(1.0) and b["paper_delta"] == 6.0
+    # sd/Δ = 1/6: n = 2 → ((12.706 + 1.376)/6)² = 5.5 > 2; n = 3 → ((4.303 + 1.061)/6)² = 0.80 ≤ 3
+    from analysis.stats import _t_ppf
+    assert b["seeds_needed_t"] == (3 if _t_ppf() is not None else 2 + 1)          # without scipy: n₀ + 1
+    assert b["seeds_needed"] == 6                                                   # the sign-flip test's floor
+    assert b["ours"] == pytest.approx(np.mean([41, 52, 63, 90]))                    # the arm's own mean keeps seed 3
+    c = t.loc["c"]
+    assert c["d_prev"] == 0.0 and c["p_prev"] == 1.0 and c["sd_prev"] == 0.0
+    assert math.isnan(c["seeds_needed"])                                            # SD 0: "–", not a crash
+
+
+def test_table1_paired_columns_only_for_ladders():
+    from analysis.tables import format_table1, table1, table1_footnote
+    t = table1(_tidy(), _sweep("grid"), final_k=2)
+    assert t["d_prev"].isna().all() and t["seeds_needed"].isna().all()
+    assert "ladders only" in table1_footnote(t)
+    assert (format_table1(t)["p (paired perm.)"] == "–").all()
+
+
+def test_format_table1_shows_the_paired_columns_and_the_footnote_names_the_test():
+    from analysis.tables import format_table1, table1, table1_footnote, to_markdown
+    t = table1(_tidy(), _sweep(), final_k=2)
+    shown = format_table1(t)
+    assert shown["Δ vs previous arm (pp) [95% CI]"].tolist()[0] == "–"
+    assert shown["Δ vs previous arm (pp) [95% CI]"].tolist()[1].startswith("+2.0 [")
+    assert shown["p (paired perm.)"].tolist() == ["–", "0.250", "1.000"]
+    assert shown["seeds for paper's Δ (80% power)"].tolist() == ["–", "6 (for +6)", "–"]
+    md = to_markdown(shown)
+    assert md.count("\n") == 2 + 3 and "grad steps" in md and "ours [95% CI]" in md   # old columns kept
+    note = table1_footnote(t)
+    for words in ("sign-flip permutation", "percentile bootstrap over the pairs", "80% power", "α = 0.05", "2/2^n"):
+        assert words in note
+
+
+def test_compare_table_paired_columns():
+    from analysis.tables import compare_table
+    c = compare_table(_tidy(), "a", "b", final_k=2).set_index("metric")
+    r = c.loc[METRIC]
+    assert r["n_a"] == 3 and r["n_b"] == 4 and r["n_pairs"] == 3
+    assert r["paired_diff"] == pytest.approx(2.0) and r["p"] == pytest.approx(0.25)
+    assert r["diff"] == pytest.approx(np.mean([41, 52, 63, 90]) - 50.0)          # unpaired means keep seed 3
+    assert c.loc["train/entropy", "paired_diff"] == pytest.approx(0.0) and c.loc["train/entropy", "p"] == 1.0
+
+
+def test_paired_line_states_the_numbers_and_the_test():
+    from analysis.tables import paired_line
+    s = _sweep()
+    line = paired_line(_tidy(), s.arms[0], s.arms[1], METRIC, final_k=2)
+    assert "n = 3 pairs" in line and "Δ = +2.0 pp" in line and "p = 0.250" in line
+    assert "exact sign-flip permutation, 2^3 = 8 flips" in line and "paper's Δ +6 points" in line
+    back = paired_line(_tidy(), s.arms[1], s.arms[0], METRIC, final_k=2)
+    assert "Δ = −2.0 pp" in back and "p = 0.250" in back                             # swapped: negated, same p
+
+
+def test_cost_ledger_by_hand():
+    from analysis.tables import cost_ledger, format_cost
+    c = cost_ledger(_tidy(), _sweep(), _configs(2), final_k=2).set_index("arm")
+    a = c.loc["a"]
+    assert a["gen_tokens"] == 400 and a["trained_tokens"] == 400                  # 4 steps × 100
+    assert a["loop_s"] == 45 and a["threads"] == 2 and a["thread_s"] == 90         # (4 × 10 + 5) × 2
+    assert a["first"] == pytest.approx(30.0) and a["final"] == pytest.approx(50.0) and a["gain"] == pytest.approx(20.0)
+    assert a["thread_s_per_point"] == pytest.approx(90 / 20)
+    shown = format_cost(c.reset_index())
+    assert shown.loc[0, "thread-s/run (wall × threads)"] == "90" and shown.loc[0, "gain (pp)"] == "+20.0"
+    assert shown.loc[0, "generated tokens/run"] == "400" and shown.loc[0, "avg@8 first → final (pp)"] == "30.0 → 50.0"
+    # threads left to all cores: no thread-s (the run does not record the core count)
+    u = cost_ledger(_tidy(), _sweep(), _configs(None), final_k=2).set_index("arm")
+    assert math.isnan(u.loc["a", "thread_s"]) and math.isnan(u.loc["a", "thread_s_per_point"])
+    assert u.loc["a", "loop_s"] == 45
+
+
+def test_cost_per_point_is_undefined_without_a_gain():
+    from analysis.tables import cost_ledger
+    tidy = _tidy()
+    tidy.loc[(tidy["metric"] == METRIC) & (tidy["grad_step"] == 0), "value"] = 0.70   # every final is below 0.70
+    c = cost_ledger(tidy, _sweep(), _configs(2), final_k=2).set_index("arm")
+    assert (c["gain"] < 0).all() and c["thread_s_per_point"].isna().all()
+
+
+def test_compare_md_has_the_paired_line_and_the_cost_of_both_arms():
+    from analysis.report import _compare_md
+    md = _compare_md(_tidy(), {}, _sweep(), 2)
+    assert "## Clip-Higher: arm b → arm c" in md
+    assert "**Paired over seeds** on `eval/arith/avg_at_8` (n = 3 pairs" in md
+    assert "generated tokens/run" in md and "| arm b " in md and "paired_diff" in md
