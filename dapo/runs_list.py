@@ -2,6 +2,10 @@
 
 One row per run: arm, seed, run id, status (done / failed / stopped / not started), last rollout step
 of total, final metric, wall time; then the ``mlflow ui`` command for the store(s) the runs log to.
+``--cost`` adds what each run cost: threads, thread-seconds (loop wall time × ``train.threads``: runs
+record wall time, not CPU time) and generated / trained tokens when ``summary.json`` has them
+(``gen_tokens``, ``trained_tokens``; otherwise "-": those totals are in MLflow, see the report's
+cost ledger).
 Reads only run directories (``config.yaml``, ``summary.json``, ``failed.json``, checkpoints'
 ``state.json``, ``mlflow_run.json``): no MLflow, no torch, so it is instant and works on a copy.
 """
@@ -57,8 +61,17 @@ def _final_metric(summary: dict | None, metric: str | None) -> tuple[str, float 
     return name, float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def run_row(run_dir: Path, metric: str | None = None, arm: str = "", seed: Any = "") -> dict[str, Any]:
-    """One run directory → {arm, seed, run_id, status, step, total, metric, value, wall_s, tracking_uri}."""
+    """One run directory → {arm, seed, run_id, status, step, total, metric, value, wall_s, tracking_uri,
+    threads, thread_s, gen_tokens, trained_tokens}.
+
+    thread_s = wall_s × train.threads (None when threads is null, i.e. all cores, or wall unknown);
+    gen_tokens / trained_tokens: summary.json's totals when it has them, else None.
+    """
     cfg = _config(run_dir)
     log, tr = cfg.get("logging") or {}, cfg.get("train") or {}
     summary = finished_summary(run_dir)
@@ -75,9 +88,14 @@ def run_row(run_dir: Path, metric: str | None = None, arm: str = "", seed: Any =
     name, value = _final_metric(summary, metric)
     wall = (summary or {}).get("wall_s", (state or {}).get("wall_s"))
     uri = (_json(run_dir / "mlflow_run.json") or {}).get("tracking_uri") or (summary or {}).get("mlflow_uri")
+    wall = _number(wall)
+    threads = _number(tr.get("threads"))
     return {"arm": log.get("arm") or arm or "-", "seed": tr.get("seed", seed), "run_id": run_dir.name,
             "status": status, "step": step, "total": tr.get("rollout_steps", "?"), "metric": name, "value": value,
-            "wall_s": wall if isinstance(wall, (int, float)) else None, "tracking_uri": uri}
+            "wall_s": wall, "tracking_uri": uri, "threads": threads,
+            "thread_s": wall * threads if wall is not None and threads is not None else None,
+            "gen_tokens": _number((summary or {}).get("gen_tokens")),
+            "trained_tokens": _number((summary or {}).get("trained_tokens"))}
 
 
 def run_rows(output: str | Path = "runs", spec: str | None = None) -> list[dict[str, Any]]:
@@ -99,11 +117,37 @@ def _fmt_wall(s: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def _fmt_count(v: float | None) -> str:
+    if v is None:
+        return "-"
+    for div, suf in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.1f}{suf}"
+    return f"{v:.0f}"
+
+
+def table_rows(rows: list[dict[str, Any]], cost: bool = False) -> tuple[list[list[Any]], list[str]]:
+    """(cells, header) of the printed table; ``cost`` adds threads, thread-s, gen tok, trained tok."""
+    metric = next((r["metric"] for r in rows if r["metric"]), "final metric")
+    head = ["arm", "seed", "run_id", "status", "step", metric, "wall"]
+    cells = [[r["arm"], r["seed"], r["run_id"], r["status"], f"{r['step']}/{r['total']}",
+              "-" if r["value"] is None else f"{r['value']:.4f}", _fmt_wall(r["wall_s"])] for r in rows]
+    if cost:
+        head += ["threads", "thread-s", "gen_tok", "trained_tok"]
+        for c, r in zip(cells, rows):
+            c += ["-" if r["threads"] is None else f"{r['threads']:.0f}",
+                  "-" if r["thread_s"] is None else f"{r['thread_s']:.0f}",
+                  _fmt_count(r["gen_tokens"]), _fmt_count(r["trained_tokens"])]
+    return cells, head
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dapo runs", description=__doc__.split("\n\n")[0])
     p.add_argument("--output", default="runs", metavar="DIR", help="output root: runs in DIR/runs/ (default: runs)")
     p.add_argument("--sweep", metavar="SPEC", help="only the jobs of this sweep spec (its metric is shown)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--cost", action="store_true",
+                   help="add threads, thread-seconds (wall × train.threads) and generated/trained tokens")
     a = p.parse_args(argv)
     try:
         rows = run_rows(a.output, a.sweep)
@@ -117,10 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no runs under {Path(a.output).resolve() / 'runs'}")
         return 0
     from dapo.sweep import _table
-    metric = next((r["metric"] for r in rows if r["metric"]), "final metric")
-    print(_table([[r["arm"], r["seed"], r["run_id"], r["status"], f"{r['step']}/{r['total']}",
-                   "-" if r["value"] is None else f"{r['value']:.4f}", _fmt_wall(r["wall_s"])] for r in rows],
-                 ["arm", "seed", "run_id", "status", "step", metric, "wall"]))
+    print(_table(*table_rows(rows, a.cost)))
     from dapo.cli import mlflow_ui_command
     from dapo.tracking import default_tracking_uri
     uris = list(dict.fromkeys(r["tracking_uri"] for r in rows if r["tracking_uri"]))
