@@ -217,7 +217,7 @@ def compare_table(tidy: pd.DataFrame, arm_a: str, arm_b: str, *, final_k: int = 
     up-clipped token) are left out, not averaged in as 0.
     """
     d = mask_undefined(tidy[tidy["arm"].isin([arm_a, arm_b])])
-    d = d.dropna(subset=["value"]).sort_values(["run", "metric", "grad_step"], kind="stable")
+    d = d.sort_values(["run", "metric", "grad_step"], kind="stable")
     last = d.groupby(["run", "metric"], sort=False).tail(final_k)
     per_run = last.groupby(["arm", "run", "seed", "metric"], sort=False)["value"].mean().reset_index()
     agg = per_run.groupby(["metric", "arm"])["value"].agg(["mean", "count"]).unstack("arm")
@@ -306,7 +306,8 @@ def cost_ledger(tidy: pd.DataFrame, sweep_info: SweepInfo, configs: dict | None 
                if {"perf/train_tokens_per_s", "time/train_s"} <= set(tr.columns) else pd.Series(dtype=float))
     ev = tidy.loc[tidy["metric"] == "time/eval_s"]
     ev0 = ev[ev["rollout_step"].fillna(0) == 0].groupby("run")["value"].sum()
-    loop = _run_sum(tidy, "time/step_s").add(ev0, fill_value=0.0)
+    steps = _run_sum(tidy, "time/step_s")                  # runs without step times: no loop time at all
+    loop = steps + ev0.reindex(steps.index).fillna(0.0)
     m = tidy.loc[tidy["metric"] == metric].dropna(subset=["value"]).sort_values(["run", "grad_step"], kind="stable")
     first = m.groupby("run")["value"].first() * scale
     final = m.groupby("run").tail(final_k).groupby("run")["value"].mean() * scale
@@ -384,7 +385,7 @@ def to_csv(df: pd.DataFrame, path: str | Path) -> Path:
 
 _TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
         "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-        "−": "$-$", "–": "--"}
+        "−": "$-$", "–": "--", "Δ": r"$\Delta$", "α": r"$\alpha$", "≤": r"$\leq$", "→": r"$\rightarrow$"}
 
 
 def _tex(s: str) -> str:
