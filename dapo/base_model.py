@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import platform
+import random
 import shutil
 import sys
 import time
@@ -45,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dapo.minitask import N_EVAL
+from dapo.minitask import N_EVAL, STYLES
 
 __all__ = ["RECIPE_VERSION", "Recipe", "build_base_model", "default_out_dir", "evaluate", "main", "recipe_hash",
            "resolve_policy_path", "summary"]
@@ -76,6 +77,8 @@ class Recipe:
     eval_problems: int = 200  # first k problems of arith-eval (stratified: 1,2,3,1,2,3,...)
     eval_samples: int = 8  # samples per held-out problem (the group size G)
     eval_temperature: float = 1.0
+    styles: tuple[tuple[str, float], ...] = (("steps", 1.0),)  # solution styles (minitask.STYLES) and weights
+    length_buckets: int = 1  # split each batch into this many length-sorted chunks (less padding, same loss)
     version: int = RECIPE_VERSION
 
     def __post_init__(self) -> None:
@@ -98,13 +101,24 @@ class Recipe:
         need(1 <= self.eval_problems <= N_EVAL, "eval_problems", f"must be in [1, {N_EVAL}]")
         need(self.eval_samples >= 1, "eval_samples", "must be >= 1")
         need(self.eval_temperature > 0, "eval_temperature", "must be > 0")
+        need(1 <= self.length_buckets <= self.batch_size, "length_buckets", "must be in [1, batch_size]")
+        need(len(self.styles) >= 1 and all(st in STYLES and w > 0 for st, w in self.styles)
+             and len({st for st, _ in self.styles}) == len(self.styles), "styles",
+             f"must be distinct (style, weight > 0) pairs with style in {list(STYLES)}")
 
     @property
     def caps(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.report_caps) | {self.cap}))
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields; ``styles`` only when it is not the default (so recipes from
+        before styles existed keep their hash)."""
         d = dataclasses.asdict(self)
+        for key in ("styles", "length_buckets"):  # fields added later: absent at their default
+            if d[key] == dataclasses.asdict(Recipe())[key]:
+                del d[key]
+        if "styles" in d:
+            d["styles"] = [[st, w] for st, w in self.styles]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
@@ -127,32 +141,47 @@ def _encode(tokenizer, texts: Sequence[str]) -> list[list[int]]:
     return tokenizer(list(texts), add_special_tokens=False)["input_ids"]
 
 
-def _sft_batches(recipe: Recipe, tokenizer):
-    """Yield (input_ids [B, T], labels [B, T], attention_mask [B, T]) for each step.
-
-    Rows: prompt + solution + EOS, right-padded; labels are -100 on prompt and pad.
-    """
+def _rows_to_tensors(p_ids: list[list[int]], s_ids: list[list[int]], eos: int, pad: int):
+    """(input_ids [B, T], labels [B, T], attention_mask [B, T]) for prompt + solution + EOS rows,
+    right-padded to the longest; labels are -100 on prompt and pad."""
     import torch
 
-    from dapo.minitask import eval_prompts, iter_problems
+    T = max(len(a) + len(b) + 1 for a, b in zip(p_ids, s_ids))
+    ids = torch.full((len(p_ids), T), pad, dtype=torch.long)
+    labels = torch.full((len(p_ids), T), -100, dtype=torch.long)
+    mask = torch.zeros((len(p_ids), T), dtype=torch.long)
+    for i, (a, b) in enumerate(zip(p_ids, s_ids)):
+        row = a + b + [eos]
+        ids[i, : len(row)] = torch.tensor(row)
+        labels[i, len(a) : len(row)] = torch.tensor(b + [eos])
+        mask[i, : len(row)] = 1
+    return ids, labels, mask
+
+
+def _sft_batches(recipe: Recipe, tokenizer):
+    """Yield, for each step, a list of ``recipe.length_buckets`` chunks (ids, labels, mask), each
+    [B_c, T_c] (see :func:`_rows_to_tensors`); with several, rows are sorted by length first."""
+    from dapo.minitask import eval_prompts, iter_problems, solve
 
     stream = iter_problems(f"dapo-sft:{recipe.seed}", n_ops=recipe.n_ops,
                            operand_max=recipe.operand_max, exclude=eval_prompts())
+    style_rng = random.Random(f"dapo-sft-style:{recipe.seed}")
+    names, weights = zip(*recipe.styles)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     for _ in range(recipe.steps):
         probs = [next(stream) for _ in range(recipe.batch_size)]
         p_ids = _encode(tokenizer, [p["prompt"] for p in probs])
-        s_ids = _encode(tokenizer, [p["solution"] for p in probs])
-        T = max(len(a) + len(b) + 1 for a, b in zip(p_ids, s_ids))
-        ids = torch.full((len(probs), T), pad, dtype=torch.long)
-        labels = torch.full((len(probs), T), -100, dtype=torch.long)
-        mask = torch.zeros((len(probs), T), dtype=torch.long)
-        for i, (a, b) in enumerate(zip(p_ids, s_ids)):
-            row = a + b + [eos]
-            ids[i, : len(row)] = torch.tensor(row)
-            labels[i, len(a) : len(row)] = torch.tensor(b + [eos])
-            mask[i, : len(row)] = 1
-        yield ids, labels, mask
+        if recipe.styles == Recipe.styles:  # the original recipe: no style draws
+            sols = [p["solution"] for p in probs]
+        else:
+            sols = [solve(p["prompt"], st) for p, st in
+                    zip(probs, style_rng.choices(names, weights, k=len(probs)))]
+        s_ids = _encode(tokenizer, sols)
+        order = sorted(range(len(probs)), key=lambda i: len(p_ids[i]) + len(s_ids[i])) \
+            if recipe.length_buckets > 1 else list(range(len(probs)))
+        size = -(-len(order) // recipe.length_buckets)
+        yield [_rows_to_tensors([p_ids[i] for i in part], [s_ids[i] for i in part], eos, pad)
+               for part in (order[k : k + size] for k in range(0, len(order), size))]
 
 
 def _lr_factor(step: int, recipe: Recipe) -> float:
@@ -176,18 +205,23 @@ def _train(model, tokenizer, recipe: Recipe, *, progress: bool = True) -> dict[s
     n_tokens = 0
     bar = tqdm(_sft_batches(recipe, tokenizer), total=recipe.steps, desc="base sft",
                disable=not progress, dynamic_ncols=True)
-    for ids, labels, mask in bar:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
-            logits = model(input_ids=ids, attention_mask=mask).logits  # [B, T, V]
-        loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(),
-                               ignore_index=-100)  # mean over solution + EOS tokens
+    for chunks in bar:
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        n_target = sum(int((labels[:, 1:] != -100).sum()) for _, labels, _ in chunks)
+        loss = 0.0
+        for ids, labels, mask in chunks:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
+                logits = model(input_ids=ids, attention_mask=mask).logits  # [B_c, T_c, V]
+            ce = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(),
+                                 ignore_index=-100, reduction="mean" if len(chunks) == 1 else "sum")
+            part = ce if len(chunks) == 1 else ce / n_target  # mean over the batch's solution + EOS tokens
+            part.backward()
+            loss += part.item()
+            n_tokens += int(mask.sum())
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
         opt.step()
         sched.step()
-        losses.append(loss.item())
-        n_tokens += int(mask.sum())
+        losses.append(loss)
         bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{sched.get_last_lr()[0]:.1e}")
     bar.close()
     tail = losses[-max(1, len(losses) // 10):]
@@ -239,6 +273,7 @@ def _generate(model, tokenizer, prompts: Sequence[str], *, n: int, max_new_token
 def _metrics_at_cap(groups: list[list[list[int]]], problems: list[dict], tokenizer,
                     cap: int) -> dict[str, Any]:
     """Accuracy, group fractions, lengths and truncation when responses are cut at ``cap``."""
+    from dapo.minitask import style_of
     from dapo.rewards import dapo_score
 
     eos = tokenizer.eos_token_id
@@ -255,6 +290,7 @@ def _metrics_at_cap(groups: list[list[list[int]]], problems: list[dict], tokeniz
             text = tokenizer.decode([t for t in cut if t != eos], skip_special_tokens=True)
             ok = dapo_score(text, prob["answer"]) > 0
             n_correct += ok
+            add("style", style_of(text), float(ok))
             for key in ("all", f"ops{prob['n_ops']}"):
                 add(key, "acc", float(ok))
                 add(key, "len", float(len(cut)))
@@ -270,6 +306,8 @@ def _metrics_at_cap(groups: list[list[list[int]]], problems: list[dict], tokeniz
         return round(sum(xs) / len(xs), 4) if xs else None
 
     out: dict[str, Any] = {}
+    by_style = per.pop("style", {})
+    n_resp = sum(len(v) for v in by_style.values())
     for key in sorted(per, key=lambda k: (k != "all", k)):
         d = per[key]
         out[key] = {
@@ -283,6 +321,8 @@ def _metrics_at_cap(groups: list[list[list[int]]], problems: list[dict], tokeniz
             "correct_len_mean": mean(d.get("len_correct")),
             "truncated_frac": mean(d["truncated"]),
         }
+    out["all"]["styles"] = {st: {"share": round(len(v) / n_resp, 4), "acc": mean(v)}
+                            for st, v in sorted(by_style.items())}
     return out
 
 
@@ -407,6 +447,8 @@ def build_base_model(
     for k in ("n_ops", "report_caps"):
         if k in recipe_kw and recipe_kw[k] is not None:
             recipe_kw[k] = tuple(recipe_kw[k])
+    if recipe_kw.get("styles") is not None:
+        recipe_kw["styles"] = tuple((str(st), float(w)) for st, w in recipe_kw["styles"])
     recipe = Recipe(**recipe_kw)
     h = recipe_hash(recipe)
     out = Path(out_dir).expanduser() if out_dir is not None else default_out_dir(recipe)
@@ -438,11 +480,35 @@ def build_base_model(
     return record
 
 
+NAMED_RECIPES: dict[str, dict[str, Any]] = {
+    "mini-base": {},  # v1: worked steps only, 400 steps (results/table1-mini-v1)
+    # v2: three solution styles (a short guess, worked steps, long running sums), so the
+    # policy starts with real diversity and lengths from ~10 to ~150 tokens (docs/MINI_TASK.md)
+    "mini-base-v2": {"styles": (("answer", 1.0), ("steps", 1.0), ("sums", 1.0)), "length_buckets": 8,
+                     "cap": 160, "report_caps": (40, 64, 96, 128)},
+}
+"""``model.path`` names of base-model recipes (:class:`Recipe` fields that differ from the
+defaults). ``<name>:STEPS`` is the same recipe with another number of supervised steps."""
+
+
+def named_recipe(name: str) -> dict[str, Any] | None:
+    """The recipe fields ``name`` (``mini-base``, ``mini-base-v2:150``, ...) stands for, else None.
+
+    Raises ValueError for a known name with a bad ``:STEPS`` suffix."""
+    base, sep, steps = name.partition(":")
+    if base not in NAMED_RECIPES:
+        return None
+    if sep and not steps.isdigit():
+        raise ValueError(f"model.path = {name!r}: expected {base}:<supervised steps>, e.g. {base}:150")
+    return {**NAMED_RECIPES[base], **({"steps": int(steps)} if sep else {})}
+
+
 def resolve_policy_path(name: str) -> Path | str:
-    """``mini-base`` / ``mini-base:STEPS`` → this module's base model (built once, cached by recipe
-    hash); anything else → :func:`dapo.models.resolve_model` (hub ids allowed)."""
-    if name == "mini-base" or name.startswith("mini-base:"):
-        kw = {"steps": int(name.split(":", 1)[1])} if ":" in name else {}
+    """A :data:`NAMED_RECIPES` name (``mini-base``, ``mini-base-v2:STEPS``, ...) → this module's
+    base model (built once, cached by recipe hash); anything else →
+    :func:`dapo.models.resolve_model` (hub ids allowed)."""
+    kw = named_recipe(name)
+    if kw is not None:
         return Path(build_base_model(**kw)["model_path"])
     from dapo.models import resolve_model
     return resolve_model(name, allow_hub=True)
@@ -480,6 +546,20 @@ def _ints(s: str) -> tuple[int, ...]:
     return tuple(int(x) for x in s.replace(",", " ").replace("-", " ").split())
 
 
+def _styles(s: str) -> tuple[tuple[str, float], ...]:
+    """``"answer:1,steps:2"`` → ``(("answer", 1.0), ("steps", 2.0))``."""
+    out = []
+    for item in s.split(","):
+        name, _, w = item.strip().partition(":")
+        if name not in STYLES:
+            raise argparse.ArgumentTypeError(f"unknown style {name!r}; valid: {', '.join(STYLES)}")
+        try:
+            out.append((name, float(w or 1)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"style {name!r}: weight {w!r} is not a number") from None
+    return tuple(out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     d = Recipe()
     p = argparse.ArgumentParser(prog="dapo base", description=(
@@ -495,7 +575,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--n-ops", type=_ints, default=d.n_ops, help="'lo,hi' operations per problem (default 1,3)")
     p.add_argument("--operand-max", type=int, default=d.operand_max, help=f"(default {d.operand_max})")
     p.add_argument("--cap", type=int, default=d.cap, help=f"response cap in tokens (default {d.cap})")
+    p.add_argument("--report-caps", type=_ints, default=d.report_caps,
+                   help="other caps to report, 'a,b,c' (default 32,36,40,44,48)")
+    p.add_argument("--styles", type=_styles, default=d.styles,
+                   help=f"solution styles and weights, e.g. 'answer:1,steps:1,sums:1' (styles: "
+                        f"{', '.join(STYLES)}; default steps only)")
     p.add_argument("--eval-samples", type=int, default=d.eval_samples, help=f"G (default {d.eval_samples})")
+    p.add_argument("--length-buckets", type=int, default=d.length_buckets,
+                   help=f"length-sorted chunks per batch (default {d.length_buckets})")
     p.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in fp32")
     p.add_argument("--force", action="store_true", help="rebuild even if the recipe was built")
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
@@ -506,7 +593,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         a.out, force=a.force, progress=not a.quiet, threads=a.threads, preset=a.preset, steps=a.steps,
         batch_size=a.batch_size, lr=a.lr, warmup_steps=a.warmup_steps, seed=a.seed,
         n_ops=a.n_ops, operand_max=a.operand_max, cap=a.cap, eval_samples=a.eval_samples,
-        bf16=a.bf16)
+        bf16=a.bf16, report_caps=a.report_caps, styles=a.styles,
+        length_buckets=a.length_buckets)
     print(json.dumps(rec, indent=1) if a.json else summary(rec))
     return 0
 

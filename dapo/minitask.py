@@ -38,6 +38,7 @@ seed, with the same exclusion of ``arith-eval`` prompts.
 from __future__ import annotations
 
 import random
+import re
 from typing import Iterator
 
 OPS = "+-*"
@@ -84,6 +85,52 @@ def make_problem(rng: random.Random, n_ops: int, operand_max: int) -> tuple[str,
     answer = str(value)
     solution = " ".join(steps) + f"\nAnswer: {answer}"
     return prompt, solution, answer
+
+
+STYLES = ("answer", "steps", "sums")
+"""Ways to write a solution (the supervised stage can mix them; RL then picks among them):
+
+- ``answer``: the answer line only, ``"Answer: 16"`` (short, guessed in one go);
+- ``steps``: one step per operation, as :func:`make_problem` writes it;
+- ``sums``: like ``steps``, but each product is counted up as a running sum of its
+  larger factor, ``"7*3=7 14 21."`` (long: up to ~150 tokens for ``12*12*12*12``).
+"""
+
+
+def _parse(prompt: str) -> tuple[list[int], list[str]]:
+    """``"7*3-5="`` → ``([7, 3, 5], ["*", "-"])`` (operands are positive, as generated)."""
+    parts = re.split(r"([+*-])", prompt.rstrip("="))
+    return [int(x) for x in parts[0::2]], parts[1::2]
+
+
+def solve(prompt: str, style: str) -> str:
+    """The solution of a generated ``prompt`` written in ``style`` (one of :data:`STYLES`).
+
+    ``solve(p, "steps")`` equals :func:`make_problem`'s solution for the same problem.
+    """
+    if style not in STYLES:
+        raise ValueError(f"unknown solution style {style!r}; valid: {list(STYLES)}")
+    operands, ops = _parse(prompt)
+    value, steps = operands[0], []
+    for op, x in zip(ops, operands[1:]):
+        new = _apply(value, op, x)
+        if style == "sums" and op == "*":
+            big, times = max(value, x), min(value, x)  # products come first: both are positive
+            steps.append(f"{value}*{x}=" + " ".join(str(big * k) for k in range(1, times + 1)) + ".")
+        else:
+            steps.append(f"{value}{op}{x}={new}.")
+        value = new
+    answer = f"Answer: {value}"
+    return answer if style == "answer" else " ".join(steps) + "\n" + answer
+
+
+def style_of(response: str) -> str:
+    """Which of :data:`STYLES` a generated response is written in (``"steps"`` when unsure):
+    ``answer`` if it starts with ``Answer:``, ``sums`` if some step counts up (``"=7 14"``)."""
+    text = response.lstrip()
+    if text.startswith("Answer:"):
+        return "answer"
+    return "sums" if re.search(r"=-?\d+ -?\d", text) else "steps"
 
 
 def evaluate_left_to_right(prompt: str) -> int:

@@ -126,8 +126,13 @@ def model_shape(path: str) -> ModelShape:
                               source=str(cfg_file))
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{cfg_file}: not a usable transformer config.json ({exc!r} missing or bad)") from None
-    if path.split(":")[0] == "mini-base":   # the tiny supervised base model (dapo base): preset tiny-3m
-        return dataclasses.replace(KNOWN_MODELS["tiny-3m"], name=path)
+    from dapo.base_model import named_recipe
+    try:
+        recipe = named_recipe(path)   # a tiny supervised base model (dapo base)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if recipe is not None:
+        return dataclasses.replace(KNOWN_MODELS[recipe.get("preset", "tiny-3m")], name=path)
     key = {k.lower(): k for k in KNOWN_MODELS}.get(path.lower())
     if key is None:
         raise ConfigError(f"model.path = {path!r}: unknown shape for dapo plan; known: {', '.join(KNOWN_MODELS)}, "

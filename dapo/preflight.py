@@ -72,13 +72,16 @@ def _is_hub_id(name: str) -> bool:
 
 def _check_model(name: str, where: str) -> bool:
     """Raise unless model.path can name a model; True when it is a hub id (not a local directory)."""
+    from dapo.base_model import NAMED_RECIPES, named_recipe
     from dapo.models import SMOLLM2_NAME, TINY_PRESETS
-    if name in TINY_PRESETS or name == SMOLLM2_NAME or name == "mini-base":
+    if name in TINY_PRESETS or name == SMOLLM2_NAME:
         return False
-    if name.startswith("mini-base:"):
-        if not name.split(":", 1)[1].isdigit():
-            raise ConfigError(f"{where}: model.path = {show(name)}: expected mini-base:<training steps>")
-        return False
+    try:
+        if named_recipe(name) is not None:
+            return False
+    except ValueError:
+        base = name.partition(":")[0]
+        raise ConfigError(f"{where}: model.path = {show(name)}: expected {base}:<training steps>") from None
     p = Path(name).expanduser()
     if p.is_dir():
         if not (p / "config.json").is_file():
@@ -87,7 +90,7 @@ def _check_model(name: str, where: str) -> bool:
         return False
     if _is_hub_id(name) and not p.exists():
         return True
-    presets = ", ".join(sorted([*TINY_PRESETS, SMOLLM2_NAME, "mini-base"]))
+    presets = ", ".join(sorted([*TINY_PRESETS, SMOLLM2_NAME, *NAMED_RECIPES]))
     raise ConfigError(f"{where}: model.path = {show(name)}: no such model directory ({p.resolve()}); give a "
                       f"directory with config.json, a preset ({presets}) or a hub id org/name")
 

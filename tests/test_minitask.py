@@ -249,3 +249,67 @@ def test_splits_are_frozen():
     assert [p["prompt"] for p in eval_problems()[:3]] == ["5-2=", "9*9-4=", "10-5-8+1="]
     assert digest(eval_problems()) == "6e53b5807fef"
     assert digest(make_split("train", minitask.N_TRAIN, minitask.TRAIN_SEED)) == "106ec61bb65f"
+
+
+# --------------------------------------------------------------------------- solution styles
+
+
+def test_solve_styles_hand_examples():
+    assert minitask.solve("8*6+10-4=", "steps") == "8*6=48. 48+10=58. 58-4=54.\nAnswer: 54"
+    # the larger factor counted up as many times as the smaller one
+    assert minitask.solve("8*6+10-4=", "sums") == "8*6=8 16 24 32 40 48. 48+10=58. 58-4=54.\nAnswer: 54"
+    assert minitask.solve("3*12*2=", "sums") == "3*12=12 24 36. 36*2=36 72.\nAnswer: 72"
+    assert minitask.solve("5-9-8=", "sums") == "5-9=-4. -4-8=-12.\nAnswer: -12"  # no product: as steps
+    assert minitask.solve("5-9-8=", "answer") == "Answer: -12"
+    with pytest.raises(ValueError, match="unknown solution style 'short'"):
+        minitask.solve("1+1=", "short")
+
+
+def test_every_style_is_correct_and_steps_is_make_problem():
+    rng = random.Random(3)
+    for _ in range(300):
+        prompt, solution, answer = make_problem(rng, rng.randint(1, 3), 12)
+        assert minitask.solve(prompt, "steps") == solution
+        for style in minitask.STYLES:
+            text = minitask.solve(prompt, style)
+            assert dapo_score(text, answer) == 1.0
+            same_as_steps = style == "sums" and text == solution  # no product, or a factor of 1
+            assert minitask.style_of(text) == ("steps" if same_as_steps else style)
+
+
+def test_sums_lengths_span_ten_to_over_a_hundred_tokens():
+    it = iter_problems(5)
+    lengths = [len(minitask.solve(next(it)["prompt"], "sums")) + 1 for _ in range(3000)]
+    assert min(lengths) < 20 and max(lengths) > 120
+
+
+def test_style_recipe_keeps_old_hash_and_validates():
+    from dapo.base_model import NAMED_RECIPES, Recipe, named_recipe, recipe_hash
+
+    assert recipe_hash(Recipe()) == "c97de4e41dc1"  # the v1 base model (results/table1-mini-v1)
+    assert "styles" not in Recipe().to_dict() and "length_buckets" not in Recipe().to_dict()
+    v2 = Recipe(**NAMED_RECIPES["mini-base-v2"])
+    assert recipe_hash(v2) != recipe_hash(Recipe()) and v2.to_dict()["styles"]
+    with pytest.raises(ValueError, match="styles"):
+        Recipe(styles=(("verbose", 1.0),))
+    with pytest.raises(ValueError, match="styles"):
+        Recipe(styles=(("steps", 1.0), ("steps", 2.0)))
+    assert named_recipe("mini-base-v2:150") == {**NAMED_RECIPES["mini-base-v2"], "steps": 150}
+    assert named_recipe("tiny-3m") is None
+    with pytest.raises(ValueError, match="mini-base-v2:<supervised steps>"):
+        named_recipe("mini-base-v2:many")
+
+
+def test_length_buckets_sort_rows_and_keep_every_row():
+    from dapo.base_model import Recipe, _sft_batches
+    from dapo.models import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    styles = (("answer", 1.0), ("sums", 1.0))
+    one = next(_sft_batches(Recipe(steps=1, warmup_steps=0, batch_size=12, styles=styles), tok))
+    four = next(_sft_batches(Recipe(steps=1, warmup_steps=0, batch_size=12, styles=styles, length_buckets=4), tok))
+    assert len(one) == 1 and [c[0].shape[0] for c in four] == [3, 3, 3, 3]
+    n_target = lambda chunks: sum(int((lab != -100).sum()) for _, lab, _ in chunks)  # noqa: E731
+    assert n_target(one) == n_target(four)  # same rows, same supervised tokens
+    widths = [c[0].shape[1] for c in four]
+    assert widths == sorted(widths) and sum(int(c[2].sum()) for c in four) == int(one[0][2].sum())
