@@ -534,6 +534,10 @@ def summary(record: dict[str, Any]) -> str:
         lines.append(f"  {k:7s} {_fmt(m['acc']):>6s} {_fmt(m['pass_at_g']):>7s} "
                      f"{_fmt(m['all_correct_frac']):>11s} {_fmt(m['all_wrong_frac']):>10s} "
                      f"{_fmt(m['response_len_mean']):>6s} {_fmt(m['truncated_frac']):>9s}")
+    styles = ev["at_cap"]["all"].get("styles")
+    if styles:
+        lines.append("  styles: " + "; ".join(f"{st} {m['share']:.0%} of responses, acc {_fmt(m['acc'])}"
+                                              for st, m in styles.items()))
     lines.append("  by cap: " + "; ".join(
         f"{c}: acc {_fmt(m['acc'])} trunc {_fmt(m['truncated_frac'])}" for c, m in ev["by_cap"].items()))
     g = ev["generation"]
@@ -565,6 +569,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dapo base", description=(
         "Build (or reuse) the mini task's base model: a tiny Qwen2 trained briefly on "
         "generated arithmetic, then evaluated on arith-eval. Prints the held-out numbers."))
+    p.add_argument("--recipe", default="mini-base", choices=sorted(NAMED_RECIPES),
+                   help="named recipe to start from (mini-base: worked steps only, the v1 regime; "
+                        "mini-base-v2: three solution styles, the current mini reproduction); "
+                        "the options below override its fields")
     p.add_argument("--out", help="output directory (default: <cache>/base/<recipe hash>)")
     p.add_argument("--preset", default=d.preset, help=f"tiny model preset (default {d.preset})")
     p.add_argument("--steps", type=int, default=d.steps, help=f"SFT steps (default {d.steps})")
@@ -588,6 +596,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.add_argument("--json", action="store_true", help="print the whole record as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    named, _ = p.parse_known_args(argv)
+    p.set_defaults(**{k.replace("-", "_"): v for k, v in NAMED_RECIPES[named.recipe].items()})
     a = p.parse_args(argv)
     rec = build_base_model(
         a.out, force=a.force, progress=not a.quiet, threads=a.threads, preset=a.preset, steps=a.steps,

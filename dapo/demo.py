@@ -1,6 +1,6 @@
 """``make demo``: the whole pipeline, end to end, on this machine.
 
-1. build (or reuse) the tiny supervised base model (``dapo base``);
+1. build (or reuse) the tiny supervised base model the spec names (``mini-base-v2``);
 2. run naive GRPO vs DAPO (sweeps/demo.yaml: 2 arms, 1 seed) through submitit's local
    executor, each job the one shared training loop with vLLM rollouts, logging to a local
    MLflow store under runs/demo/;
@@ -27,16 +27,20 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     t0 = time.time()
 
-    print("== 1/3 tiny base model (supervised, reused when built) ==", flush=True)
-    from dapo.base_model import build_base_model, summary
-    rec = build_base_model()
-    print(summary(rec), flush=True)
+    from dapo.base_model import build_base_model, named_recipe, summary
+    from dapo.cluster import load_profile
+    from dapo.launcher import submit
+    from dapo.sweep_spec import expand, load_spec
+    spec = load_spec(a.spec)
+    model_path = expand(spec)[0].config.model.path
+    recipe = named_recipe(model_path)
+    if recipe is not None:
+        print(f"== 1/3 tiny base model {model_path} (supervised, reused when built) ==", flush=True)
+        print(summary(build_base_model(**recipe)), flush=True)
+    else:
+        print(f"== 1/3 base model: {model_path} (not a dapo base recipe; nothing to build) ==", flush=True)
 
     print("\n== 2/3 GRPO vs DAPO through the local executor ==", flush=True)
-    from dapo.launcher import submit
-    from dapo.cluster import load_profile
-    from dapo.sweep_spec import load_spec
-    spec = load_spec(a.spec)
     submit(spec, load_profile("local"), a.output)
 
     print("\n== 3/3 figures and tables ==", flush=True)

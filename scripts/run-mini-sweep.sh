@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Runs sweeps/table1-mini.yaml seed-major (all arms for seed 0, then 1, then 2) through the
-# local executor, so a partial sweep still covers every arm. Finished runs are reused, so
-# rerunning resumes. Then regenerates results/table1-mini/ from MLflow.
-#   bash scripts/run-mini-sweep.sh [OUTPUT=runs/table1-mini]
+# Runs a mini sweep seed-major (all arms for its first seed, then the second, ...) through
+# the local executor, so a partial sweep still covers every arm. Finished runs are reused,
+# so rerunning resumes (stop it any time). Then regenerates results/<sweep name>/ from MLflow.
+#   bash scripts/run-mini-sweep.sh [SPEC=sweeps/table1-mini.yaml] [OUTPUT=runs/<sweep name>]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-runs/table1-mini}
-SPEC=sweeps/table1-mini.yaml
+SPEC=${1:-sweeps/table1-mini.yaml}
+NAME=$(.venv/bin/python -c "import sys; from dapo.sweep_spec import load_spec; print(load_spec(sys.argv[1]).name)" "$SPEC")
+SEEDS=$(.venv/bin/python -c "import sys; from dapo.sweep_spec import load_spec; print(' '.join(map(str, load_spec(sys.argv[1]).seeds)))" "$SPEC")
+OUT=${2:-runs/$NAME}
 TMP=$(mktemp -d)
-for seeds in "[0]" "[0, 1]" "[0, 1, 2]"; do
-  sed "s/^seeds: .*/seeds: $seeds/" "$SPEC" > "$TMP/table1-mini.yaml"
-  .venv/bin/dapo sweep submit "$TMP/table1-mini.yaml" --cluster local --output "$OUT"
+trap 'rm -rf "$TMP"' EXIT
+done_seeds=""
+for s in $SEEDS; do
+  done_seeds="${done_seeds:+$done_seeds, }$s"
+  sed "s/^seeds: .*/seeds: [$done_seeds]/" "$SPEC" > "$TMP/$(basename "$SPEC")"
+  .venv/bin/dapo sweep submit "$TMP/$(basename "$SPEC")" --cluster local --output "$OUT"
 done
-rm -rf "$TMP"
 .venv/bin/dapo sweep status "$SPEC" --output "$OUT" || true
-.venv/bin/dapo figures "$SPEC" --runs "$OUT" --to results/table1-mini
+.venv/bin/dapo figures "$SPEC" --runs "$OUT" --to "results/$NAME"
