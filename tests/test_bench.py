@@ -52,8 +52,8 @@ def test_bench_flops_smoke_reports_fraction_of_ceiling():
 
 
 def test_step_breakdown_reads_the_committed_mini_snapshot():
-    out = _bench("step_breakdown")
-    assert "runs: snapshot results/table1-mini/snapshot (18 runs)" in out
+    out = _bench("step_breakdown", "--snapshot", "results/table1-mini-v1/snapshot")
+    assert "runs: snapshot results/table1-mini-v1/snapshot (18 runs)" in out
     ds = [r for r in _rows(out, "dynamic_sampling") if len(r) == 5]
     assert ds and ds[0][1] == "True" and float(ds[0][3]) > float(_rows(out, "grpo")[1][3])
     assert "## Steps to a fixed accuracy" in out

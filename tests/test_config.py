@@ -170,7 +170,7 @@ def test_cli_help_and_config_errors():
 # A run id is this hash: changing one orphans every run directory and MLflow run made with it.
 SHIPPED_HASHES = {
     "smollm2-135m-gsm8k": "d89a6f5c0ca3", "tiny-dapo": "a374d841c0e9", "tiny-grpo": "22cd8b30822f",
-    "tiny-random-smoke": "ca75636b37a6",
+    "tiny-random-smoke": "ca75636b37a6", "mini-dapo": "8f2461b542bb",
 }
 # The paper-scale experiments got realistic resource values with issue 12; with those put back the
 # hash must be the old one (the new keys at their defaults add nothing to it).
@@ -180,8 +180,9 @@ PAPER_OLD_VALUES = ["rollout.gpu_memory_utilization=0.6", "train.max_tokens_per_
                     "rollout.tensor_parallel_size=1", "rollout.sleep_mode=true", "train.logits_chunk_tokens=null",
                     "launch.pg_timeout_s=600"]
 SWEEP_IDS = {  # sha256 of the comma-joined run ids of `expand`, first 12 hex digits
-    "clip-higher-eps-mini": "cd20f74d4b1f", "demo": "d009def7dc76", "grpo-vs-dapo-mini": "9d07188d964c",
-    "leave-one-out-mini": "1b0574efeb70", "smoke-slurm": "e3e0f9530f95", "table1-mini": "7af609a6adbe",
+    "clip-higher-eps-mini": "cd20f74d4b1f", "demo": "6ebc4c17eb2a", "grpo-vs-dapo-mini": "9d07188d964c",
+    "leave-one-out-mini": "1b0574efeb70", "smoke-slurm": "e3e0f9530f95", "table1-mini": "02a69b621317",
+    "table1-mini-v1": "7af609a6adbe",  # the v1 regime: the same runs as results/table1-mini-v1
 }
 
 
