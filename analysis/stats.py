@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
@@ -212,25 +213,10 @@ def min_pairs_sign_flip(alpha: float = 0.05) -> int:
 
 
 def _z(q: float) -> float:
-    """Standard normal quantile (numpy only: Acklam's rational approximation, |error| < 1.2e-9)."""
-    a = [-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02, 1.383577518672690e+02,
-         -3.066479806614716e+01, 2.506628277459239e+00]
-    b = [-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02, 6.680131188771972e+01,
-         -1.328068155288572e+01]
-    c = [-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00, -2.549732539343734e+00,
-         4.374664141464968e+00, 2.938163982698783e+00]
-    e = [7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00, 3.754408661907416e+00]
+    """Standard normal quantile (the standard library's ``NormalDist``)."""
     if not 0.0 < q < 1.0:
         raise ValueError(f"quantile {q} not in (0, 1)")
-    if q < 0.02425 or q > 1 - 0.02425:
-        r = np.sqrt(-2 * np.log(min(q, 1 - q)))
-        x = (((((c[0] * r + c[1]) * r + c[2]) * r + c[3]) * r + c[4]) * r + c[5]) / \
-            ((((e[0] * r + e[1]) * r + e[2]) * r + e[3]) * r + 1)
-        return float(x if q < 0.5 else -x)
-    r = (q - 0.5) ** 2
-    x = (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * (q - 0.5) / \
-        (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
-    return float(x)
+    return NormalDist().inv_cdf(q)
 
 
 def _t_ppf():
