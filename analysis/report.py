@@ -40,6 +40,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .mechanisms import MECHANISMS_NOTE, format_mechanisms, mechanism_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
 from .runs import SweepInfo, load_runs, load_snapshot, read_meta, snapshot
 from .metric_names import primary_metric
@@ -145,6 +146,8 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
     written.append(out / "compare.md")
     cost = cost_ledger(tidy, sweep, configs, metric=t1.attrs.get("metric"), final_k=final_k)
     written.append(to_csv(cost, out / "cost.csv"))
+    mech = mechanism_table(tidy, sweep, configs)
+    written.append(to_csv(mech, out / "mechanisms.csv"))
 
     reading_path = out / "reading.md"
     if reading is not None:
@@ -171,6 +174,9 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              footnote, "",
              "Files: [table1.csv](table1.csv), [table1.tex](table1.tex), "
              "[arm-vs-arm comparison](compare.md).", "",
+             "## Do the mechanisms act?", "",
+             to_markdown(format_mechanisms(mech)) if len(mech) else "No mechanism metric in these runs.",
+             MECHANISMS_NOTE + " Numbers: [mechanisms.csv](mechanisms.csv).", "",
              "## Cost ledger", "", to_markdown(format_cost(cost)), COST_NOTE + " Numbers: [cost.csv](cost.csv).", "",
              "## Runs", "", _runs_md(tidy, sweep), "## Figures", ""]
     for r in results:
