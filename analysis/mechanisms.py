@@ -38,8 +38,8 @@ __all__ = ["window_means", "steps_to_reach", "mechanism_table", "format_mechanis
 MECHANISMS_NOTE = ("Each row reads the mechanism off its own metric (not accuracy). Per run: mean over the "
                    "first / last quarter of rollout steps, or all of them; [95% percentile-bootstrap CI over "
                    "seeds]; p: exact paired sign-flip test over seeds (differences within a run, or between "
-                   "two arms with the same seed). \"acts\" when the CI excludes 0 (or the value is > 0 for "
-                   "a count of clipped or truncated tokens).")
+                   "two arms with the same seed). \"acts\": for a difference, its CI excludes 0; for a level, "
+                   "it is above the bound its evidence names (else above 0).")
 
 
 def window_means(tidy: pd.DataFrame, metric: str, arm: str, frac: float = 0.25) -> pd.DataFrame:

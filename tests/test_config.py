@@ -181,7 +181,7 @@ PAPER_OLD_VALUES = ["rollout.gpu_memory_utilization=0.6", "train.max_tokens_per_
                     "launch.pg_timeout_s=600"]
 SWEEP_IDS = {  # sha256 of the comma-joined run ids of `expand`, first 12 hex digits
     "clip-higher-eps-mini": "cd20f74d4b1f", "demo": "6ebc4c17eb2a", "grpo-vs-dapo-mini": "9d07188d964c",
-    "leave-one-out-mini": "1b0574efeb70", "smoke-slurm": "e3e0f9530f95", "table1-mini": "02a69b621317",
+    "leave-one-out-mini": "1b0574efeb70", "smoke-slurm": "e3e0f9530f95", "table1-mini": "4fe12b3f0605",
     "table1-mini-v1": "7af609a6adbe",  # the v1 regime: the same runs as results/table1-mini-v1
 }
 
