@@ -34,7 +34,7 @@ from .metric_names import (EVAL_RE, LABELS, X_LABELS, dataset_name, is_paper_met
 from .runs import ArmInfo, SweepInfo, arm_order
 from .stats import seed_band
 
-__all__ = ["FigureResult", "arm_colors", "fig1", "fig2", "fig3", "fig4", "fig5", "fig6", "fig7",
+__all__ = ["FigureResult", "arm_colors", "fig1", "fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8",
            "render_all", "save_figure", "STYLE"]
 
 # --------------------------------------------------------------------------- style
@@ -331,6 +331,14 @@ def _fig5(ctx):
     return fig, _toggle_note(ctx, "overlong_filter") + _missing(ctx, [m for m in ms if m])
 
 
+def _fig8(ctx):
+    """Not in the paper (it shows no figure for the soft punishment alone): what the punishment
+    does to length and truncation, and what that costs in accuracy."""
+    ms = ["rollout/response_len_mean", "rollout/truncated_frac", ctx.metric]
+    fig = _pair_figure(ctx, "soft_punish", 8, ms, "length, truncation and accuracy")
+    return fig, "Not in the paper. " + _toggle_note(ctx, "soft_punish") + _missing(ctx, [m for m in ms if m])
+
+
 def _cum_tokens_at(ctx: _Ctx, arm: ArmInfo, xs: np.ndarray) -> np.ndarray:
     """Mean over seeds of the generated tokens up to each x (sampling/gen_tokens, cumulative)."""
     d = ctx.tidy[(ctx.tidy["metric"] == "sampling/gen_tokens") & (ctx.tidy["arm"] == arm.name)]
@@ -393,7 +401,7 @@ def _fig7(ctx):
 
 
 _IMPL = {"fig1": _fig1, "fig2": _fig2, "fig3": _fig3, "fig4": _fig4, "fig5": _fig5,
-         "fig6": _fig6, "fig7": _fig7}
+         "fig6": _fig6, "fig7": _fig7, "fig8": _fig8}
 TITLES = {
     "fig1": "accuracy of the baseline beside the DAPO arm, and the DAPO arm's avg@k, pass@k, cons@k",
     "fig2": "accuracy and entropy, with vs without Clip-Higher",
@@ -402,6 +410,7 @@ TITLES = {
     "fig5": "accuracy and entropy, with vs without overlong filtering",
     "fig6": "accuracy, with vs without dynamic sampling",
     "fig7": "response length, reward, entropy and token probability of the DAPO arm",
+    "fig8": "response length, truncation and accuracy, with vs without the soft overlong punishment (ours)",
 }
 
 
@@ -414,7 +423,7 @@ def _public(name: str):
     return f
 
 
-fig1, fig2, fig3, fig4, fig5, fig6, fig7 = (_public(f"fig{i}") for i in range(1, 8))
+fig1, fig2, fig3, fig4, fig5, fig6, fig7, fig8 = (_public(f"fig{i}") for i in range(1, 9))
 
 
 @dataclass

@@ -153,7 +153,7 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
             a, b = w(metric, off), w(metric, on)
             if len(a) and len(b):
                 rows.append(_diff("soft punishment", f"{what}, last quarter, on − off", f"{off} → {on}",
-                                  _by_seed(a, "last", s), _by_seed(b, "last", s), "fig5"))
+                                  _by_seed(a, "last", s), _by_seed(b, "last", s), "fig8"))
     metric = primary_metric(tidy)
     if (p := pair("dynamic_sampling")) is not None and metric is not None:
         off, on = p

@@ -56,6 +56,6 @@ def test_v1_snapshot_reads_as_its_reading_says(v1):
     assert 2.0 < cost.value < 3.0 and cost.acts  # ≈ 2.5x the generation, as the v1 reading says
     spread = rows[("length spread", "longest / mean response length in a batch (acts: > 2)")]
     assert 1.2 < spread.value < 1.6 and not spread.acts  # 20-40 token responses: no spread
-    assert set(v1["figure"]) <= {f"fig{i}" for i in range(1, 8)}
+    assert set(v1["figure"]) <= {f"fig{i}" for i in range(1, 9)}
     shown = format_mechanisms(v1)
     assert list(shown.columns) == ["mechanism", "evidence", "arm(s)", "value [95% CI]", "p", "seeds", "acts", "figure"]
