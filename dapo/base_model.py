@@ -111,11 +111,11 @@ class Recipe:
         return tuple(sorted(set(self.report_caps) | {self.cap}))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields; ``styles`` only when it is not the default (so recipes from
-        before styles existed keep their hash)."""
+        """JSON-ready fields; ``styles`` and ``length_buckets`` only when not at their defaults
+        (so recipes from before they existed keep their hash)."""
         d = dataclasses.asdict(self)
         for key in ("styles", "length_buckets"):  # fields added later: absent at their default
-            if d[key] == dataclasses.asdict(Recipe())[key]:
+            if getattr(self, key) == getattr(Recipe, key):
                 del d[key]
         if "styles" in d:
             d["styles"] = [[st, w] for st, w in self.styles]
@@ -171,11 +171,8 @@ def _sft_batches(recipe: Recipe, tokenizer):
     for _ in range(recipe.steps):
         probs = [next(stream) for _ in range(recipe.batch_size)]
         p_ids = _encode(tokenizer, [p["prompt"] for p in probs])
-        if recipe.styles == Recipe.styles:  # the original recipe: no style draws
-            sols = [p["solution"] for p in probs]
-        else:
-            sols = [solve(p["prompt"], st) for p, st in
-                    zip(probs, style_rng.choices(names, weights, k=len(probs)))]
+        # style draws use their own stream, so the problems (and v1's steps-only batches) do not change
+        sols = [solve(p["prompt"], st) for p, st in zip(probs, style_rng.choices(names, weights, k=len(probs)))]
         s_ids = _encode(tokenizer, sols)
         order = sorted(range(len(probs)), key=lambda i: len(p_ids[i]) + len(s_ids[i])) \
             if recipe.length_buckets > 1 else list(range(len(probs)))

@@ -79,9 +79,8 @@ def _check_model(name: str, where: str) -> bool:
     try:
         if named_recipe(name) is not None:
             return False
-    except ValueError:
-        base = name.partition(":")[0]
-        raise ConfigError(f"{where}: model.path = {show(name)}: expected {base}:<training steps>") from None
+    except ValueError as exc:  # a known recipe name with a bad :STEPS suffix
+        raise ConfigError(f"{where}: {exc}") from None
     p = Path(name).expanduser()
     if p.is_dir():
         if not (p / "config.json").is_file():

@@ -51,18 +51,18 @@ def _config(run_dir: Path) -> dict:
     return cfg if isinstance(cfg, dict) else {}
 
 
+def _number(v: Any) -> float | None:
+    """``v`` as a float if it is a number (not a bool), else None."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def _final_metric(summary: dict | None, metric: str | None) -> tuple[str, float | None]:
     """(metric name, value) from summary.json's final_eval: ``metric`` if given, else the first avg@k."""
     ev = (summary or {}).get("final_eval") or {}
     if not isinstance(ev, dict):
         return metric or "", None
     name = metric or next((k for k in ev if "/avg_at_" in k), next(iter(ev), ""))
-    value = ev.get(name)
-    return name, float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _number(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return name, _number(ev.get(name))
 
 
 def run_row(run_dir: Path, metric: str | None = None, arm: str = "", seed: Any = "") -> dict[str, Any]:
