@@ -87,8 +87,9 @@ def _seed_finals(finals: pd.DataFrame, arm: str, scale: float = 1.0) -> pd.Serie
 
 
 def paired_arms(finals: pd.DataFrame, off: ArmInfo, on: ArmInfo, scale: float = 1.0, *,
-                n_boot: int = 10000, seed: int = 0) -> tuple[PairedDiff, float, int | None]:
-    """``(paired, paper_delta, seeds_needed)`` for arm ``on`` − arm ``off``, finals × scale paired by seed.
+                n_boot: int = 10000, seed: int = 0) -> tuple[PairedDiff, float, int | None, int | None]:
+    """``(paired, paper_delta, seeds_needed, seeds_needed_t)`` for arm ``on`` − arm ``off``, finals × scale
+    paired by seed.
 
     paper_delta = on.paper − off.paper (NaN without both); seeds_needed: paired seeds to
     detect paper_delta at 80% power (α = 0.05) given the SD of the per-seed differences
