@@ -199,6 +199,12 @@ class RunJob(submitit.helpers.Checkpointable):
             raise SystemExit(f"[dapo] giving up: {reason}")      # exit status 1: Slurm says FAILED
         _write_json(path, {"count": n, "time": _now()})
         print(f"[dapo] requeue {n}/{self.max_requeues}: the run resumes from its last checkpoint", flush=True)
+        # submitit now runs `scontrol requeue` as a child of this process, and the requeue itself
+        # sends SIGTERM to every process of the job: if that lands before scontrol has returned,
+        # scontrol dies and the job FAILS instead of requeueing (seen on the local cluster). A
+        # blocked signal stays blocked across fork/exec, so the child finishes; this process
+        # exits right after (submitit's exit), so nothing here needs SIGTERM any more.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         return super().checkpoint(*args, **kwargs)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -337,7 +338,14 @@ def test_sbatch_parameters_for_the_paper_sweep():
 def test_checkpoint_requeues_a_bounded_number_of_times(tmp_path: Path):
     from dapo.launcher import RunJob
     job = RunJob({"name": "x"}, str(tmp_path), max_requeues=2)
-    first, second = job.checkpoint(), job.checkpoint()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    try:
+        first, second = job.checkpoint(), job.checkpoint()
+        # the `scontrol requeue` submitit runs next survives the SIGTERM the requeue sends the job
+        child = subprocess.run(["sh", "-c", "kill -TERM $$; echo survived"], capture_output=True, text=True)
+        assert child.returncode == 0 and child.stdout == "survived\n", child
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     assert first.function is job and second.function is job            # resubmits itself
     assert json.loads((tmp_path / "requeues.json").read_text())["count"] == 2
     with pytest.raises(SystemExit, match="giving up"):                  # then a clear failure, which no
