@@ -68,7 +68,7 @@ class DataConfig:
     train: str = doc("training dataset: dapo-math-17k, arith-train, gsm8k, a .jsonl/.parquet path, or hf:<id>", "dapo-math-17k")
     train_limit: Optional[int] = doc("use only the first N training problems (None = all)", None)
     train_skip: int = doc("skip the first N training problems (e.g. the rows an eval set takes from the same file)", 0)
-    template: Literal["default", "dapo", "boxed", "none"] = doc("prompt template (default = the dataset's own)", "default")
+    template: Literal["default", "dapo", "boxed", "none"] = doc("prompt template of the training and eval sets (default = each data set's own)", "default")
     use_chat_template: Literal["auto", "yes", "no"] = doc("wrap prompts in the tokenizer's chat template (auto = if it has one)", "auto")
     max_prompt_tokens: int = doc("prompts longer than this are bad rows (dropped or fatal, see on_bad)", 1024)
     on_bad: Literal["drop", "fail"] = doc("what to do with bad rows (missing answer, non-string prompt, too long)", "drop")

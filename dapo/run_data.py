@@ -22,8 +22,9 @@ def example_key(ex) -> tuple:
 
 
 def load_run_data(cfg: Config, tokenizer, log) -> tuple[Any, dict[tuple, list[int]], dict[str, list], dict]:
-    """Training prompts (as a resumable sampler) and eval sets, without prompts longer than
-    ``data.max_prompt_tokens``; returns (sampler, prompt token ids by example key, eval sets, MLflow tags)."""
+    """Training prompts (as a resumable sampler) and eval sets, both in ``data.template`` (so the
+    policy is evaluated on the prompts it is trained on, and scored the same way), without
+    prompts longer than ``data.max_prompt_tokens``; returns (sampler, prompt token ids by example key, eval sets, MLflow tags)."""
     from dapo.data import load_dataset
     from dapo.prompts import render_prompt
     from dapo.sampler import PromptSampler
@@ -36,7 +37,7 @@ def load_run_data(cfg: Config, tokenizer, log) -> tuple[Any, dict[tuple, list[in
     log(f"train data {cfg.data.train}: {report.summary()}")
     eval_sets = {}
     for es in cfg.eval.datasets:
-        ex, rep = load_dataset(es.name, limit=es.limit, on_bad=cfg.data.on_bad)
+        ex, rep = load_dataset(es.name, limit=es.limit, on_bad=cfg.data.on_bad, template=template)
         log(f"eval data {es.name}: {rep.summary()}")
         eval_sets[Path(es.name).stem if os.sep in es.name else es.name] = ex
     train_keys = {example_key(e) for e in train_examples}

@@ -520,3 +520,18 @@ def test_cli_lists_and_loads(capsys):
     assert all(name in listing for name in SHIPPED)
     assert data._main(["aime24", "--limit", "1"]) == 0
     assert "aime24" in capsys.readouterr().out
+
+
+def test_run_data_puts_eval_sets_in_the_training_template(tokenizers):
+    """``data.template`` applies to the eval sets too: the policy is evaluated on prompts in the
+    form it is trained on (and scored by the scorer that template implies)."""
+    from dapo.config import load_config
+    from dapo.run_data import load_run_data
+    chat, _ = tokenizers
+    cfg = load_config(Path(__file__).resolve().parents[1] / "experiments" / "tiny-random-smoke.yaml",
+                      {"data.template": "boxed", "data.use_chat_template": "no", "data.max_prompt_tokens": 4096})
+    _, _, evals, _ = load_run_data(cfg, chat, log=lambda *_: None)
+    [ex, *_] = evals["arith-eval"]
+    plain, _ = data.load_dataset("arith-eval", limit=1)
+    assert ex.prompt != plain[0].prompt and plain[0].prompt in ex.prompt and "boxed" in ex.prompt
+    assert ex.scorer == data.TEMPLATE_SCORER["boxed"] != plain[0].scorer
