@@ -3,9 +3,9 @@
 One row per run: arm, seed, run id, status (done / failed / stopped / not started), last rollout step
 of total, final metric, wall time; then the ``mlflow ui`` command for the store(s) the runs log to.
 ``--cost`` adds what each run cost: threads, thread-seconds (loop wall time × ``train.threads``: runs
-record wall time, not CPU time) and generated / trained tokens when ``summary.json`` has them
-(``gen_tokens``, ``trained_tokens``; otherwise "-": those totals are in MLflow, see the report's
-cost ledger).
+record wall time, not CPU time) and generated / trained tokens from ``summary.json``
+(``gen_tokens``, ``trained_tokens``: the loop's checkpointed totals; "-" for runs made before
+it wrote them, whose totals are in MLflow, see the report's cost ledger).
 Reads only run directories (``config.yaml``, ``summary.json``, ``failed.json``, checkpoints'
 ``state.json``, ``mlflow_run.json``): no MLflow, no torch, so it is instant and works on a copy.
 """

@@ -165,7 +165,10 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
         metrics = {**batch.stats, **ev, **mean_metrics(steps),
                    **({} if on_policy else old_policy_metrics(old_lp, ent, resp_mask)),
                    "train/grad_steps": len(steps), **timer.metrics()}
-        metrics.update(_throughput(metrics, batch, resp_mask, cfg))
+        gen_tok, train_tok = _tokens(batch, resp_mask, cfg)
+        metrics.update(_throughput(metrics, gen_tok, train_tok))
+        state["gen_tokens"] = state.get("gen_tokens", 0) + gen_tok          # the run's totals (summary.json;
+        state["trained_tokens"] = state.get("trained_tokens", 0) + train_tok  # checkpointed, so resumes add up)
         state["rollout_step"] = r
         tracker.record(metrics, rollout_step=r, grad_step=state["grad_step"])
         bar.update(1)
@@ -212,11 +215,16 @@ def _evaluate(run: Run, r: int) -> dict[str, float]:
                     seed=round_seed(run.cfg.train.seed, r, 0, salt=99))
 
 
-def _throughput(metrics: dict[str, float], batch, resp_mask: torch.Tensor, cfg: Config) -> dict[str, float]:
-    """Generated tokens per rollout second; trained (prompt + response) tokens per update second."""
-    train_tok = float(resp_mask.sum()) + sum(len(p) for p in batch.prompt_ids)
-    return {"perf/rollout_tokens_per_s": batch.stats["sampling/gen_tokens"] / max(metrics["time/rollout_s"], 1e-9),
-            "perf/train_tokens_per_s": train_tok * cfg.train.ppo_epochs / max(metrics["time/train_s"], 1e-9)}
+def _tokens(batch, resp_mask: torch.Tensor, cfg: Config) -> tuple[int, int]:
+    """(generated tokens, every round of the step; trained prompt + response tokens × ppo_epochs)."""
+    trained = int(resp_mask.sum()) + sum(len(p) for p in batch.prompt_ids)
+    return int(batch.stats["sampling/gen_tokens"]), trained * cfg.train.ppo_epochs
+
+
+def _throughput(metrics: dict[str, float], gen_tok: int, train_tok: int) -> dict[str, float]:
+    """Generated tokens per rollout second; trained tokens per update second."""
+    return {"perf/rollout_tokens_per_s": gen_tok / max(metrics["time/rollout_s"], 1e-9),
+            "perf/train_tokens_per_s": train_tok / max(metrics["time/train_s"], 1e-9)}
 
 
 def _checkpoint(run: Run, r: int) -> None:
@@ -279,7 +287,8 @@ def _new_engine(run: Run):
 
 def _resume(run_dir: Path, policy: Policy, sampler, log) -> dict[str, Any]:
     """The loop state of the last checkpoint (weights, optimizer, scheduler and sampler restored), or a fresh one."""
-    state = {"rollout_step": 0, "grad_step": 0, "mlflow_run_id": None, "pending": [], "wall_s": 0.0}
+    state = {"rollout_step": 0, "grad_step": 0, "mlflow_run_id": None, "pending": [], "wall_s": 0.0,
+             "gen_tokens": 0, "trained_tokens": 0}
     ckpt = latest_checkpoint(run_dir)
     if ckpt is not None:
         state = load_checkpoint(ckpt, model=policy.module, optimizer=policy.optimizer, scheduler=policy.scheduler)
@@ -318,6 +327,7 @@ def _finish(run: Run) -> dict[str, Any]:
     summary = {"run_dir": str(run.run_dir.resolve()), "rollout_steps": state["rollout_step"],
                "grad_steps": state["grad_step"], "mlflow_uri": run.uri, "mlflow_run_id": tracker.run_uuid,
                "wall_s": run.wall_s(), "total_s": time.time() - run.t_start,
+               "gen_tokens": state.get("gen_tokens"), "trained_tokens": state.get("trained_tokens"),
                "checkpoint": str(latest_checkpoint(run.run_dir))}
     final_sd = final_state_dict(run.policy.module) if run.cfg.checkpoint.save_final_model else None  # all ranks
     if run.is_main:

@@ -511,6 +511,10 @@ def test_three_step_runs_with_vllm_log_sane_metrics(tmp_path, base_model_path, e
         assert 0 <= v <= 1
     avg = dict(hist["eval/arith-eval/avg_at_4"]); pas = dict(hist["eval/arith-eval/pass_at_4"])
     assert all(avg[s] <= pas[s] + 1e-9 for s in avg)
+    # the run's token totals (summary.json, read by `dapo runs --cost`) are the sums of its steps
+    assert summary["gen_tokens"] == sum(v for _, v in hist["sampling/gen_tokens"]) > 0
+    trained = sum(r * t for (_, r), (_, t) in zip(hist["perf/train_tokens_per_s"], hist["time/train_s"]))
+    assert summary["trained_tokens"] == pytest.approx(trained, rel=1e-6) and summary["trained_tokens"] > 0
     assert run.data.tags["dapo.git_commit"] and "dapo.version.torch" in run.data.tags
     assert run.data.params["algo.clip.eps_high"] == ("0.28" if exp == "tiny-dapo" else "0.2")
     assert "step 3/3" in p.stdout and "done:" in p.stdout
@@ -539,6 +543,8 @@ def test_interrupted_run_resumes_to_the_same_metrics(tmp_path, base_model_path):
             _run(args)
         summary = json.loads((tmp_path / name / "run" / "summary.json").read_text())
         res[name] = _history(uri, summary["mlflow_run_id"])[1]
+        res[name + " tokens"] = (summary["gen_tokens"], summary["trained_tokens"])
+    assert res["killed tokens"] == res["straight tokens"]      # the totals survive the resume, counted once
     a, b = res["straight"], res["killed"]
     assert [s for s, _ in b["progress/rollout_step"]] == [s for s, _ in a["progress/rollout_step"]]
     for key in a:
