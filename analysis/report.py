@@ -41,6 +41,7 @@ from pathlib import Path
 import pandas as pd
 
 from .mechanisms import MECHANISMS_NOTE, format_mechanisms, mechanism_table
+from .learning import LEARNING_NOTE, format_learning, learning_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
 from .runs import SweepInfo, load_runs, load_snapshot, read_meta, snapshot
 from .metric_names import primary_metric
@@ -148,6 +149,8 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
     written.append(to_csv(cost, out / "cost.csv"))
     mech = mechanism_table(tidy, sweep, configs)
     written.append(to_csv(mech, out / "mechanisms.csv"))
+    learn = learning_table(tidy, sweep, final_k=final_k)
+    written.append(to_csv(learn, out / "learning.csv"))
 
     reading_path = out / "reading.md"
     if reading is not None:
@@ -177,6 +180,9 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              "## Do the mechanisms act?", "",
              to_markdown(format_mechanisms(mech)) if len(mech) else "No mechanism metric in these runs.",
              MECHANISMS_NOTE + " Numbers: [mechanisms.csv](mechanisms.csv).", "",
+             "## Does the policy learn?", "",
+             to_markdown(format_learning(learn)) if len(learn) else "No evaluation or rollout reward in these runs.",
+             LEARNING_NOTE + " Numbers: [learning.csv](learning.csv).", "",
              "## Cost ledger", "", to_markdown(format_cost(cost)), COST_NOTE + " Numbers: [cost.csv](cost.csv).", "",
              "## Runs", "", _runs_md(tidy, sweep), "## Figures", ""]
     for r in results:
