@@ -506,8 +506,9 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
            executor: str | None = None, log=print) -> dict[str, Any]:
     """Submit the sweep's unfinished runs; returns the submission record (``dry_run``: nothing submitted).
 
-    Slurm: one job array, returns at once. Local: runs the jobs here, ``max_concurrent`` at a time,
-    and returns when all have ended.
+    Slurm: one job array, returns at once. Local: runs the jobs here, seed-major (every arm's
+    first seed, then every arm's second, ...), ``max_concurrent`` at a time, and returns when
+    all have ended.
     """
     executor = executor or profile.executor
     check_resources(spec, profile)
@@ -527,6 +528,9 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
                             "reason": f"still {st} as job {rows[j.run_id]['job_id']}"})
         else:
             todo.append(j)
+    if executor == "local":   # seed-major: every arm's first seed before any arm's second, so a sweep
+        # stopped part-way has paired seeds for every arm, and the slots stay full (no per-seed waves)
+        todo.sort(key=lambda j: spec.seeds.index(j.seed) if j.seed in spec.seeds else len(spec.seeds))
     params = sbatch_parameters(spec, profile)
     record = {"id": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ"), "time": _now(),
               "cluster": profile.name, "executor": executor, "spec": str(spec.path), "folder": None,

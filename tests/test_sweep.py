@@ -161,7 +161,10 @@ def test_finished_run_is_reused_not_rerun(tmp_path: Path):
     (jobs[0].run_dir / "summary.json").write_text("{}")
     assert jobs[0].finished and not jobs[1].finished
     rec = launcher.submit(spec, load_profile("local"), tmp_path / "out", dry_run=True, log=lambda *_: None)
-    assert [j["run_id"] for j in rec["jobs"]] == [j.run_id for j in jobs[1:]]
+    assert [j.arm for j in jobs] == ["grpo", "grpo", "clip_higher", "clip_higher"]     # expand: arm-major
+    # the local executor runs seed-major (every arm's seed 0, then seed 1): a partial sweep has pairs
+    assert [(j["arm"], j["seed"]) for j in rec["jobs"]] == [("clip_higher", 0), ("grpo", 1), ("clip_higher", 1)]
+    assert {j["run_id"] for j in rec["jobs"]} == {j.run_id for j in jobs[1:]}
     assert rec["skipped"] == [{"run_id": jobs[0].run_id, "arm": "grpo", "seed": 0, "reason": "finished"}]
 
 
