@@ -242,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--formats", default="png,pdf", help="figure formats, comma-separated (default: png,pdf)")
     p.add_argument("--reading", metavar="FILE", help="a markdown file with the human reading to embed")
     p.add_argument("--no-snapshot", action="store_true", help="do not write a snapshot when reading MLflow")
+    p.add_argument("--finished-only", action="store_true",
+                   help="only runs that have finished (a sweep still running: its partial runs left out)")
     return p
 
 
@@ -331,7 +333,7 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
         if db is not None and not db.exists():   # MLflow would create an empty store there
             raise InputError(f"no tracking store at {uri} ({db} does not exist)")
         try:
-            tidy, configs = load_runs(uri, name)
+            tidy, configs = load_runs(uri, name, finished_only=args.finished_only)
         except ValueError as exc:                 # no such experiment: the message lists the ones there
             raise InputError(str(exc)) from None
         if tidy.empty:

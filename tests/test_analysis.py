@@ -649,3 +649,20 @@ def test_bad_inputs_are_one_line_and_exit_2(store, tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.startswith("dapo figures: error: ") and want in err and "\n" not in err, err
     assert not missing_db.exists() and not (tmp_path / "out").exists()
+
+
+def test_cli_finished_only_leaves_out_runs_still_running(tmp_path):
+    """`dapo figures --finished-only` on a sweep in progress: the running run's points are left out."""
+    from mlflow.tracking import MlflowClient
+    from analysis.report import main
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment(SWEEP, artifact_location=str(tmp_path / "artifacts"))
+    for seed, status in ((0, "finished"), (1, "finished"), (2, "running")):
+        _log_run(client, exp, "grpo", seed, status=status)
+    runs_of = lambda out: (out / "snapshot" / "runs.parquet", (out / "report.md").read_text())  # noqa: E731
+    for flag, seeds in (([], "0, 1, 2"), (["--finished-only"], "0, 1")):
+        out = tmp_path / f"res{len(flag)}"
+        assert main(["--tracking-uri", uri, "--sweep", SWEEP, "--to", str(out), "--formats", "png", *flag]) == 0
+        parquet, report = runs_of(out)
+        assert f"| {seeds} " in report and pd.read_parquet(parquet)["seed"].nunique() == len(seeds.split(", "))
