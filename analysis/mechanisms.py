@@ -126,37 +126,42 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
                                "fig5"))
 
     def pair(toggle: str):
+        """(off, on, label of the pair): the label names the other techniques that also differ
+        (e.g. GRPO → DAPO in a two-arm sweep), whose effect the row then includes."""
         p = find_pair(toggle, tidy, sweep, configs)
-        return (p.off.name, p.on.name) if p is not None else None
+        if p is None:
+            return None
+        also = f" (also differ: {', '.join(p.other_toggles)})" if p.other_toggles else ""
+        return p.off.name, p.on.name, f"{p.off.name} → {p.on.name}{also}"
 
     if (p := pair("clip_higher")) is not None:
-        off, on = p
+        off, on, pair_label = p
         hi_off = w("train/clip_frac_high", off)
         if len(hi_off):
             rows.append(_level("Clip-Higher binds", "up-clipped tokens at ε_high 0.2, %", off,
                                _by_seed(hi_off, "all", pct), "fig3"))
         e_off, e_on = w("train/entropy", off), w("train/entropy", on)
         if len(e_off) and len(e_on):
-            rows.append(_diff("Clip-Higher → entropy", "train/entropy, last quarter, on − off", f"{off} → {on}",
+            rows.append(_diff("Clip-Higher → entropy", "train/entropy, last quarter, on − off", pair_label,
                               _by_seed(e_off, "last"), _by_seed(e_on, "last"), "fig2"))
     if (p := pair("token_loss")) is not None:
-        off, on = p
+        off, on, pair_label = p
         for metric, what in (("train/entropy", "train/entropy"), ("rollout/response_len_mean", "response length")):
             a, b = w(metric, off), w(metric, on)
             if len(a) and len(b):
-                rows.append(_diff("token-level loss", f"{what}, last quarter, on − off", f"{off} → {on}",
+                rows.append(_diff("token-level loss", f"{what}, last quarter, on − off", pair_label,
                                   _by_seed(a, "last"), _by_seed(b, "last"), "fig4"))
     if (p := pair("soft_punish")) is not None:
-        off, on = p
+        off, on, pair_label = p
         for metric, what, s in (("rollout/truncated_frac", "truncated responses, %", pct),
                                 ("rollout/response_len_mean", "response length", 1.0)):
             a, b = w(metric, off), w(metric, on)
             if len(a) and len(b):
-                rows.append(_diff("soft punishment", f"{what}, last quarter, on − off", f"{off} → {on}",
+                rows.append(_diff("soft punishment", f"{what}, last quarter, on − off", pair_label,
                                   _by_seed(a, "last", s), _by_seed(b, "last", s), "fig8"))
     metric = primary_metric(tidy)
     if (p := pair("dynamic_sampling")) is not None and metric is not None:
-        off, on = p
+        off, on, pair_label = p
         target = w(metric, off)
         if len(target):
             thr = float(np.nanmean(target["last"]))
@@ -164,12 +169,12 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
             never = int(a.isna().sum() + b.isna().sum())
             rows.append(_diff("dynamic sampling", f"gradient steps to {metric} ≥ {thr:.3f} (the off arm's "
                               f"last-quarter mean), on − off" + (f"; {never} runs never reach it" if never else ""),
-                              f"{off} → {on}", a, b, "fig6"))
+                              pair_label, a, b, "fig6"))
         ga, gb = w("sampling/gen_tokens", off), w("sampling/gen_tokens", on)
         if len(ga) and len(gb):
             ratio = _by_seed(gb, "all") / _by_seed(ga, "all")
             rows.append(_level("dynamic sampling: cost", "generated tokens per rollout step, on / off (acts: > 1)",
-                               f"{off} → {on}", ratio.dropna(), "fig6", above=1.0))
+                               pair_label, ratio.dropna(), "fig6", above=1.0))
     cols = ["mechanism", "evidence", "arms", "value", "lo", "hi", "p", "n", "acts", "figure"]
     return pd.DataFrame(rows, columns=cols)
 

@@ -59,3 +59,18 @@ def test_v1_snapshot_reads_as_its_reading_says(v1):
     assert set(v1["figure"]) <= {f"fig{i}" for i in range(1, 9)}
     shown = format_mechanisms(v1)
     assert list(shown.columns) == ["mechanism", "evidence", "arm(s)", "value [95% CI]", "p", "seeds", "acts", "figure"]
+
+
+def test_a_pair_that_changes_several_techniques_says_so():
+    """Only the first and the last arm of the v1 ladder (GRPO vs DAPO, as in a two-arm sweep): every
+    technique's row compares the same two arms, and its arm(s) cell names what else differs."""
+    import dataclasses
+    tidy, configs, sweep = load_snapshot(REPO / "results" / "table1-mini-v1" / "snapshot")
+    first, last = sweep.arms[0].name, sweep.arms[-1].name
+    two = dataclasses.replace(sweep, arms=(sweep.arms[0], sweep.arms[-1]))
+    df = mechanism_table(tidy[tidy["arm"].isin([first, last])], two, configs)
+    soft = df[df["mechanism"] == "soft punishment"].iloc[0]
+    assert soft.arms.startswith(f"{first} → {last} (also differ: ") and "dynamic_sampling" in soft.arms
+    assert "soft_punish" not in soft.arms.split("(")[1]          # the row's own technique is not "also"
+    exact = mechanism_table(tidy, sweep, configs)                  # the full ladder: one toggle per pair
+    assert not exact["arms"].str.contains("also differ").any()
