@@ -22,9 +22,10 @@ import pandas as pd
 
 from .arms import arms_with_runs
 from .mechanisms import window_means
-from .metric_names import PERCENT, primary_metric
+from .metric_names import PERCENT, metric_scale, primary_metric
 from .runs import SweepInfo
 from .stats import paired_diff, run_finals
+from .tables import _seed_finals
 
 __all__ = ["learning_table", "format_learning", "LEARNING_NOTE"]
 
@@ -58,14 +59,13 @@ def learning_table(tidy: pd.DataFrame, sweep: SweepInfo, final_k: int = 3) -> pd
     """
     rows: list[dict] = []
     has = set(tidy["metric"].unique())
-    metric = primary_metric(tidy)
+    metric = sweep.metric or primary_metric(tidy)          # Table 1's metric, in Table 1's unit
     finals = run_finals(tidy, metric, final_k) if metric is not None else None
+    scale = metric_scale(tidy, metric) if metric is not None else 1.0
     for arm in arms_with_runs(tidy, sweep):
         if metric is not None:
-            f = finals[finals["arm"] == arm.name].groupby("seed")["final"].mean()
-            scale = 100.0 if "avg_at" in metric or "pass_at" in metric or "cons_at" in metric else 1.0
-            rows.append(_row(arm, f"{metric}: final − first evaluation", _first_eval(tidy, metric, arm.name), f,
-                             scale))
+            rows.append(_row(arm, f"{metric}: final − first evaluation", _first_eval(tidy, metric, arm.name),
+                             _seed_finals(finals, arm.name), scale))
         for m in ("rollout/reward_mean", "rollout/acc_mean"):
             if m not in has:
                 continue
