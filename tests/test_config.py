@@ -183,6 +183,8 @@ SWEEP_IDS = {  # sha256 of the comma-joined run ids of `expand`, first 12 hex di
     "clip-higher-eps-mini": "cd20f74d4b1f", "demo": "6ebc4c17eb2a", "grpo-vs-dapo-mini": "9d07188d964c",
     "leave-one-out-mini": "1b0574efeb70", "smoke-slurm": "e3e0f9530f95", "table1-mini": "4fe12b3f0605",
     "table1-mini-v1": "7af609a6adbe",  # the v1 regime: the same runs as results/table1-mini-v1
+    "clip-higher-stress-mini": "0e2caa91fe82",  # the runs behind results/clip-higher-stress-mini
+    "smollm2-mini": "478ffedda72e",  # the runs behind results/smollm2-mini
 }
 
 
