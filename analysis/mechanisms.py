@@ -18,7 +18,8 @@ length spread             baseline: ``response_len_max / response_len_mean`` per
 token-level loss          token-loss pair: last-quarter entropy and length, on − off
 overlong: truncation      baseline: ``rollout/truncated_frac``, %
 soft punishment           soft-punish pair: last-quarter truncation and length, on − off
-dynamic sampling          its pair: gradient steps to the off arm's final accuracy, and
+dynamic sampling          its pair: gradient steps to the off arm's final accuracy (a run
+                          that never gets there: the next evaluation after its end), and
                           generated tokens per rollout step, on / off
 ========================  ==============================================================
 """
@@ -33,7 +34,7 @@ from .metric_names import primary_metric
 from .runs import SweepInfo
 from .stats import bootstrap_ci, paired_diff
 
-__all__ = ["window_means", "steps_to_reach", "mechanism_table", "format_mechanisms", "MECHANISMS_NOTE"]
+__all__ = ["window_means", "steps_to_reach", "next_evaluation", "mechanism_table", "format_mechanisms", "MECHANISMS_NOTE"]
 
 MECHANISMS_NOTE = ("Each row reads the mechanism off its own metric (not accuracy). Per run: mean over the "
                    "first / last quarter of rollout steps, or all of them; [95% percentile-bootstrap CI over "
@@ -59,14 +60,32 @@ def window_means(tidy: pd.DataFrame, metric: str, arm: str, frac: float = 0.25) 
     return out.groupby("seed", sort=True).mean().reset_index() if len(out) else out
 
 
-def steps_to_reach(tidy: pd.DataFrame, metric: str, arm: str, threshold: float) -> pd.Series:
-    """{seed: first gradient step at which ``metric`` ≥ ``threshold``} for ``arm`` (NaN: never)."""
-    d = tidy[(tidy["metric"] == metric) & (tidy["arm"] == arm)].sort_values("grad_step")
+def steps_to_reach(tidy: pd.DataFrame, metric: str, arm: str, threshold: float,
+                   censor_at: float | None = None) -> pd.Series:
+    """{seed: first gradient step after training starts at which ``metric`` ≥ ``threshold``}
+    for ``arm``. The evaluation before training (rollout step 0) does not count, as in
+    :func:`window_means`. A run that never reaches it gets ``censor_at`` (NaN when None).
+    """
+    d = tidy[(tidy["metric"] == metric) & (tidy["arm"] == arm) & (tidy["rollout_step"] > 0)]
+    d = d.sort_values("grad_step")
     out = {}
     for seed, g in d.groupby("seed", sort=True):
         hit = g.loc[g["value"] >= threshold, "grad_step"]
-        out[seed] = float(hit.iloc[0]) if len(hit) else float("nan")
+        out[seed] = float(hit.iloc[0]) if len(hit) else (float("nan") if censor_at is None else float(censor_at))
     return pd.Series(out, dtype=float)
+
+
+def next_evaluation(tidy: pd.DataFrame, metric: str, arms: tuple[str, ...]) -> float:
+    """The gradient step of the evaluation that would follow the last one logged for ``arms``:
+    the latest last step over their runs + the median gap between a run's evaluations (a lower
+    bound for a run that never reached a threshold by its end)."""
+    d = tidy[(tidy["metric"] == metric) & tidy["arm"].isin(arms)]
+    ends, gaps = [], []
+    for _, g in d.groupby("run", sort=False):
+        steps = np.sort(g["grad_step"].unique())  # [evaluations]
+        ends.append(float(steps[-1]))
+        gaps.extend(np.diff(steps).tolist())
+    return max(ends) + (float(np.median(gaps)) if gaps else 0.0) if ends else float("nan")
 
 
 def _by_seed(w: pd.DataFrame, col: str, scale: float = 1.0) -> pd.Series:
@@ -165,11 +184,15 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
         target = w(metric, off)
         if len(target):
             thr = float(np.nanmean(target["last"]))
-            a, b = steps_to_reach(tidy, metric, off, thr), steps_to_reach(tidy, metric, on, thr)
-            never = int(a.isna().sum() + b.isna().sum())
+            # a run that never gets there counts as the next evaluation after the end: a lower bound,
+            # the same for both arms, so the sign-flip test stays exact (the two are exchangeable under H0)
+            cap = next_evaluation(tidy, metric, (off, on))
+            a, b = (steps_to_reach(tidy, metric, arm, thr, censor_at=cap) for arm in (off, on))
+            never = int((a == cap).sum() + (b == cap).sum())
             rows.append(_diff("dynamic sampling", f"gradient steps to {metric} ≥ {thr:.3f} (the off arm's "
-                              f"last-quarter mean), on − off" + (f"; {never} runs never reach it" if never else ""),
-                              pair_label, a, b, "fig6"))
+                              f"last-quarter mean), on − off" +
+                              (f"; {never} runs never reach it and count as {cap:.0f}, the next evaluation"
+                               if never else ""), pair_label, a, b, "fig6"))
         ga, gb = w("sampling/gen_tokens", off), w("sampling/gen_tokens", on)
         if len(ga) and len(gb):
             ratio = _by_seed(gb, "all") / _by_seed(ga, "all")

@@ -1,4 +1,4 @@
-"""analysis.mechanisms: windows and steps-to-accuracy by hand; the table on the committed v1 snapshot."""
+"""analysis.mechanisms: windows and steps-to-accuracy by hand; the table on the committed snapshots."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.mechanisms import format_mechanisms, mechanism_table, steps_to_reach, window_means
+from analysis.mechanisms import format_mechanisms, mechanism_table, next_evaluation, steps_to_reach, window_means
 from analysis.runs import load_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,10 +33,27 @@ def test_window_means_by_hand_and_step_zero_left_out():
     assert (w3["first"].item(), w3["last"].item()) == (5.0, 7.0)
 
 
-def test_steps_to_reach_first_crossing_or_nan():
-    t = _tidy({("a", 0): [0.1, 0.2, 0.35, 0.3], ("a", 1): [0.1, 0.1, 0.1, 0.1]}, metric="eval/x/avg_at_8")
+def test_steps_to_reach_first_crossing_after_training_or_censored():
+    # seed 2 starts above the threshold: the evaluation before training does not count
+    t = _tidy({("a", 0): [0.1, 0.2, 0.35, 0.3], ("a", 1): [0.1, 0.1, 0.1, 0.1], ("a", 2): [0.4, 0.1, 0.1, 0.3]},
+              metric="eval/x/avg_at_8")
     s = steps_to_reach(t, "eval/x/avg_at_8", "a", 0.3)
-    assert s[0] == 32.0 and np.isnan(s[1])
+    assert s[0] == 32.0 and np.isnan(s[1]) and s[2] == 48.0
+    assert next_evaluation(t, "eval/x/avg_at_8", ("a",)) == 64.0     # last (48) + the gap (16)
+    assert steps_to_reach(t, "eval/x/avg_at_8", "a", 0.3, censor_at=64.0).tolist() == [32.0, 64.0, 48.0]
+
+
+def test_dynamic_sampling_steps_row_on_the_table1_mini_snapshot():
+    """By hand from the snapshot's avg@8 (evaluations every 80 gradient steps, last at 480): the
+    off arm (token_loss) first reaches its own last-quarter mean 0.179 at 240, never, 160, 400, 160,
+    never (seeds 0-5); dynamic sampling at 80, 80, 80, 80, 160, 80. Never = 560, the next evaluation."""
+    tidy, configs, sweep = load_snapshot(REPO / "results" / "table1-mini" / "snapshot")
+    row = mechanism_table(tidy, sweep, configs).set_index("mechanism").loc["dynamic sampling"]
+    diffs = np.array([80 - 240, 80 - 560, 80 - 160, 80 - 400, 160 - 160, 80 - 560])
+    assert row.n == 6 and row.value == pytest.approx(diffs.mean())
+    assert row.p == pytest.approx(2 / 2 ** 5)      # 5 non-zero differences, all negative
+    assert row.acts and row.hi < 0
+    assert "2 runs never reach it and count as 560" in row.evidence
 
 
 @pytest.fixture(scope="module")
