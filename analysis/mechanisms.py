@@ -60,18 +60,15 @@ def window_means(tidy: pd.DataFrame, metric: str, arm: str, frac: float = 0.25) 
     return out.groupby("seed", sort=True).mean().reset_index() if len(out) else out
 
 
-def steps_to_reach(tidy: pd.DataFrame, metric: str, arm: str, threshold: float,
-                   censor_at: float | None = None) -> pd.Series:
+def steps_to_reach(tidy: pd.DataFrame, metric: str, arm: str, threshold: float) -> pd.Series:
     """{seed: first gradient step after training starts at which ``metric`` ≥ ``threshold``}
-    for ``arm``. The evaluation before training (rollout step 0) does not count, as in
-    :func:`window_means`. A run that never reaches it gets ``censor_at`` (NaN when None).
-    """
+    for ``arm`` (NaN: never). The evaluation before training (rollout step 0) does not count,
+    as in :func:`window_means`."""
     d = tidy[(tidy["metric"] == metric) & (tidy["arm"] == arm) & (tidy["rollout_step"] > 0)]
-    d = d.sort_values("grad_step")
     out = {}
-    for seed, g in d.groupby("seed", sort=True):
+    for seed, g in d.sort_values("grad_step").groupby("seed", sort=True):
         hit = g.loc[g["value"] >= threshold, "grad_step"]
-        out[seed] = float(hit.iloc[0]) if len(hit) else (float("nan") if censor_at is None else float(censor_at))
+        out[seed] = float(hit.iloc[0]) if len(hit) else float("nan")
     return pd.Series(out, dtype=float)
 
 
@@ -186,9 +183,10 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
             thr = float(np.nanmean(target["last"]))
             # a run that never gets there counts as the next evaluation after the end: a lower bound,
             # the same for both arms, so the sign-flip test stays exact (the two are exchangeable under H0)
+            a, b = steps_to_reach(tidy, metric, off, thr), steps_to_reach(tidy, metric, on, thr)
+            never = int(a.isna().sum() + b.isna().sum())
             cap = next_evaluation(tidy, metric, (off, on))
-            a, b = (steps_to_reach(tidy, metric, arm, thr, censor_at=cap) for arm in (off, on))
-            never = int((a == cap).sum() + (b == cap).sum())
+            a, b = a.fillna(cap), b.fillna(cap)
             rows.append(_diff("dynamic sampling", f"gradient steps to {metric} ≥ {thr:.3f} (the off arm's "
                               f"last-quarter mean), on − off" +
                               (f"; {never} runs never reach it and count as {cap:.0f}, the next evaluation"
