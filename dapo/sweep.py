@@ -5,6 +5,8 @@
     dapo sweep status SPEC [--output DIR] [--json]   per run: pending / running / requeued / done / failed
     dapo sweep cancel SPEC [--output DIR]            scancel the sweep's unfinished jobs
 
+Every subcommand takes ``--seeds LIST`` (a subset of the spec's seeds, e.g. ``6-9``).
+
 The spec format and the expansion are in :mod:`dapo.sweep_spec`, cluster profiles in
 :mod:`dapo.cluster`; submission through submitit
 (Slurm job array or LocalExecutor) in :mod:`dapo.launcher`. This module is the command line
@@ -15,7 +17,9 @@ needs neither torch nor submitit, so it is fast.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import sys
 
 from dapo.config import ConfigError, parse_overrides
@@ -48,7 +52,31 @@ def _spec(args, *, from_records: bool = False) -> Spec:
         if subs and subs[-1].get("set"):
             return load_spec(args.spec, subs[-1]["set"])
         return probe
-    return load_spec(args.spec, extra)
+    return _only_seeds(load_spec(args.spec, extra), getattr(args, "seeds", None))
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``"6-9"`` / ``"6,7,9"`` / ``"0-2,5"`` → (6, 7, 8, 9) ...; ConfigError naming the bad part."""
+    out: list[int] = []
+    for part in (p.strip() for p in str(text).split(",")):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+            raise ConfigError(f"--seeds {text}: {part!r} is not a seed or a range LO-HI (e.g. 6-9 or 6,7,8)")
+        lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
+        out += [s for s in range(lo, hi + 1) if s not in out]
+    return tuple(out)
+
+
+def _only_seeds(spec: Spec, text: str | None) -> Spec:
+    """The spec restricted to the seeds of ``--seeds`` (each must be one of the spec's): run ids are
+    per (arm, seed), so a subset names exactly the runs it would have anyway."""
+    if text is None:
+        return spec
+    seeds = parse_seeds(text)
+    extra = [s for s in seeds if s not in spec.seeds]
+    if extra:
+        raise ConfigError(f"--seeds {text}: seed(s) {extra} are not in {spec.path}'s seeds {list(spec.seeds)}")
+    return dataclasses.replace(spec, seeds=tuple(s for s in spec.seeds if s in seeds))
 
 
 def cmd_expand(args) -> int:
@@ -136,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="output root: runs in DIR/runs/<run_id>, records in DIR/sweeps/<name>/ (default: runs)")
         sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra dotted override for every job (added to base_overrides; repeatable)")
+        sp.add_argument("--seeds", metavar="LIST",
+                        help="only these of the spec's seeds, e.g. 6-9 or 0,2 (extend a sweep whose other "
+                             "seeds ran elsewhere; run ids do not depend on it)")
 
     e = sub.add_parser("expand", help="print the job table (arm, seed, run id, overrides vs the base)")
     common(e)
