@@ -11,8 +11,10 @@ rollout/reward_mean     mean over the last quarter of rollout steps − the firs
 rollout/acc_mean        the same (the reward without the overlong shaping)
 ======================  ============================================================
 
-Over seeds: mean, 95% percentile-bootstrap CI and the exact paired sign-flip p
-(:func:`analysis.stats.paired_diff`). "learns": the CI lies above 0.
+Over seeds: mean, the exact sign-flip interval and the two-sided exact sign-flip p
+(:func:`analysis.stats.paired_diff`); the verdict comes from that p
+(:func:`analysis.stats.effect_verdict`): "learns" (p ≤ 0.05, up), "gets worse" (p ≤ 0.05, down),
+"bounded null" (TOST inside the metric's margin), else "inconclusive". Exploratory: unadjusted.
 """
 
 from __future__ import annotations
@@ -22,17 +24,19 @@ import pandas as pd
 
 from .arms import arms_with_runs
 from .mechanisms import window_means
-from .metric_names import PERCENT, metric_scale, primary_metric
+from .metric_names import PERCENT, equivalence_margin, metric_scale, primary_metric
 from .runs import SweepInfo
-from .stats import paired_diff, run_finals
+from .stats import effect_verdict, interval_label, paired_diff, run_finals
 from .tables import _seed_finals
 
 __all__ = ["learning_table", "format_learning", "LEARNING_NOTE"]
 
-LEARNING_NOTE = ("Per run: the held-out metric's final (mean of the last evaluations, as in Table 1) − its "
-                 "first evaluation (the model before training); the rollout reward and accuracy: mean of the last "
-                 "quarter of rollout steps − mean of the first quarter. Accuracies in points. Over seeds: mean "
-                 "[95% percentile-bootstrap CI]; p: exact paired sign-flip test. \"learns\": the CI lies above 0.")
+LEARNING_NOTE = ("Exploratory (p unadjusted over the rows). Per run: the held-out metric's final (mean of the last "
+                 "evaluations, as in Table 1) − its first evaluation (the model before training); the rollout reward "
+                 "and accuracy: mean of the last quarter of rollout steps − mean of the first quarter. Accuracies in "
+                 "points. Over seeds: mean [exact sign-flip interval, its level]; p: two-sided exact sign-flip test; "
+                 "verdict from that p: \"learns\" (p ≤ 0.05, up), \"gets worse\" (p ≤ 0.05, down), \"bounded "
+                 "null\" (TOST inside the metric's declared margin), else \"inconclusive\".")
 
 
 def _first_eval(tidy: pd.DataFrame, metric: str, arm: str) -> pd.Series:
@@ -42,18 +46,20 @@ def _first_eval(tidy: pd.DataFrame, metric: str, arm: str) -> pd.Series:
     return first.groupby("seed")["value"].mean()
 
 
-def _row(arm, evidence: str, start: pd.Series, end: pd.Series, scale: float) -> dict:
-    r = paired_diff(start * scale, end * scale)
+def _row(arm, evidence: str, start: pd.Series, end: pd.Series, scale: float, margin: float | None) -> dict:
+    r = paired_diff(start * scale, end * scale, margin=margin)
     seeds = list(r.seeds)
     return {"arm": arm.name, "label": arm.label or arm.name, "evidence": evidence,
             "start": float(start.loc[seeds].mean() * scale) if seeds else np.nan,
             "end": float(end.loc[seeds].mean() * scale) if seeds else np.nan,
-            "value": r.mean, "lo": r.lo, "hi": r.hi, "p": r.p, "n": r.n,
-            "learns": bool(r.n >= 2 and r.lo > 0)}
+            "value": r.mean, "lo": r.lo, "hi": r.hi, "level": r.level, "method": r.method, "p": r.p,
+            "p_tost": r.p_tost, "n": r.n,
+            "verdict": effect_verdict(r.mean, r.p, r.p_tost, predicted=1, yes="learns", no="gets worse")}
 
 
 def learning_table(tidy: pd.DataFrame, sweep: SweepInfo, final_k: int = 3) -> pd.DataFrame:
-    """Columns: arm, label, evidence, start, end, value (end − start), lo, hi, p, n, learns.
+    """Columns: arm, label, evidence, start, end, value (end − start), lo, hi, level, method, p, p_tost, n,
+    verdict.
 
     One row per arm and evidence (see the module doc); rows whose metric is missing are left out.
     """
@@ -65,7 +71,7 @@ def learning_table(tidy: pd.DataFrame, sweep: SweepInfo, final_k: int = 3) -> pd
     for arm in arms_with_runs(tidy, sweep):
         if metric is not None:
             rows.append(_row(arm, f"{metric}: final − first evaluation", _first_eval(tidy, metric, arm.name),
-                             _seed_finals(finals, arm.name), scale))
+                             _seed_finals(finals, arm.name), scale, equivalence_margin(metric)))
         for m in ("rollout/reward_mean", "rollout/acc_mean"):
             if m not in has:
                 continue
@@ -73,8 +79,9 @@ def learning_table(tidy: pd.DataFrame, sweep: SweepInfo, final_k: int = 3) -> pd
             if len(w):
                 s = w.set_index("seed")
                 rows.append(_row(arm, f"{m}: last − first quarter", s["first"], s["last"],
-                                 100.0 if m in PERCENT else 1.0))
-    cols = ["arm", "label", "evidence", "start", "end", "value", "lo", "hi", "p", "n", "learns"]
+                                 100.0 if m in PERCENT else 1.0, equivalence_margin(m)))
+    cols = ["arm", "label", "evidence", "start", "end", "value", "lo", "hi", "level", "method", "p", "p_tost", "n",
+            "verdict"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -89,8 +96,9 @@ def format_learning(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "arm": df["label"], "evidence": df["evidence"],
         "start → end": [f"{_num(a)} → {_num(b)}" for a, b in zip(df["start"], df["end"])],
-        "change [95% CI]": [f"{_num(v, True)} [{_num(lo, True)}, {_num(hi, True)}]"
-                            for v, lo, hi in zip(df["value"], df["lo"], df["hi"])],
-        "p": ["–" if not np.isfinite(p) else f"{p:.3f}" for p in df["p"]],
-        "seeds": df["n"], "learns": ["yes" if x else "no" for x in df["learns"]],
+        "change [interval]": [f"{_num(v, True)} [{_num(lo, True)}, {_num(hi, True)}] {interval_label(m, lv)}"
+                              if np.isfinite(lo) else _num(v, True)
+                              for v, lo, hi, lv, m in zip(df["value"], df["lo"], df["hi"], df["level"], df["method"])],
+        "p (sign-flip)": ["–" if not np.isfinite(p) else f"{p:.3f}" for p in df["p"]],
+        "seeds": df["n"], "verdict (exploratory)": df["verdict"],
     })

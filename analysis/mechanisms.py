@@ -4,8 +4,12 @@ Accuracy says whether a technique helped; these rows say whether it did anything
 which is the first thing to check at a new scale (the v1 mini reproduction was a null
 because none of them acted). Per run, a metric is summarised over a window of its rollout
 steps (``first``/``last``: the first/last quarter, at least one step; ``all``: every
-step); the seeds give a 95% percentile-bootstrap CI (:func:`analysis.stats.bootstrap_ci`)
-and, for a difference, the exact paired sign-flip p (:func:`analysis.stats.paired_diff`).
+step). A level (is there clipping at all?) is tested one-sided against the bound its evidence
+declares (one-sided t-test, Student-t interval); a difference (does entropy fall?) with the
+exact paired sign-flip test and its interval (:func:`analysis.stats.paired_diff`), its verdict
+in the direction the paper or the mechanism predicts (:func:`analysis.stats.effect_verdict`).
+A pair that changes other techniques too (GRPO → DAPO) is "not isolated": its number is the
+combination's, not the technique's. Every row is exploratory (unadjusted p).
 
 Rows (arms found with :func:`analysis.arms.find_pair`, the baseline with ``baseline_arm``):
 
@@ -18,9 +22,10 @@ length spread             baseline: ``response_len_max / response_len_mean`` per
 token-level loss          token-loss pair: last-quarter entropy and length, on − off
 overlong: truncation      baseline: ``rollout/truncated_frac``, %
 soft punishment           soft-punish pair: last-quarter truncation and length, on − off
-dynamic sampling          its pair: gradient steps to the off arm's final accuracy (a run
-                          that never gets there: the next evaluation after its end), and
-                          generated tokens per rollout step, on / off
+dynamic sampling          its pair: gradient steps to a pooled threshold (the mean over
+                          both arms' runs of their last-quarter accuracy: the same when
+                          the arms swap; a run that never gets there: the next evaluation
+                          after the end), and generated tokens per rollout step, on / off
 ========================  ==============================================================
 """
 
@@ -30,17 +35,22 @@ import numpy as np
 import pandas as pd
 
 from .arms import baseline_arm, find_pair
-from .metric_names import primary_metric
+from .metric_names import equivalence_margin, metric_scale, primary_metric
 from .runs import SweepInfo
-from .stats import bootstrap_ci, paired_diff
+from .stats import effect_verdict, interval_label, level_verdict, paired_diff, t_interval, t_test_p
 
-__all__ = ["window_means", "steps_to_reach", "next_evaluation", "mechanism_table", "format_mechanisms", "MECHANISMS_NOTE"]
+__all__ = ["window_means", "steps_to_reach", "next_evaluation", "evaluation_gap", "mechanism_table",
+           "format_mechanisms", "MECHANISMS_NOTE"]
 
-MECHANISMS_NOTE = ("Each row reads the mechanism off its own metric (not accuracy). Per run: mean over the "
-                   "first / last quarter of rollout steps, or all of them; [95% percentile-bootstrap CI over "
-                   "seeds]; p: exact paired sign-flip test over seeds (differences within a run, or between "
-                   "two arms with the same seed). \"acts\": for a difference, its CI excludes 0; for a level, "
-                   "it is above the bound its evidence names (else above 0).")
+MECHANISMS_NOTE = ("Exploratory (p unadjusted over the rows). Each row reads the mechanism off its own metric "
+                   "(not accuracy). Per run: mean over the first / last quarter of rollout steps, or all of them. "
+                   "A level: [95% Student-t interval over seeds], p: one-sided t-test that it exceeds the bound its "
+                   "evidence declares; \"acts\" when p ≤ 0.05, else \"not shown\". A difference (within a run, "
+                   "or between two arms with the same seed): [exact sign-flip interval, its level], p: two-sided "
+                   "exact sign-flip test; \"acts\" when p ≤ 0.05 in the direction the paper predicts "
+                   "(\"predicts\" column), \"opposite\" in the other, \"bounded null\" when TOST bounds it "
+                   "inside the metric's margin, else \"inconclusive\"; \"not isolated\" when the two arms also "
+                   "differ in other techniques (the number is then the combination's).")
 
 
 def window_means(tidy: pd.DataFrame, metric: str, arm: str, frac: float = 0.25) -> pd.DataFrame:
@@ -90,27 +100,45 @@ def _by_seed(w: pd.DataFrame, col: str, scale: float = 1.0) -> pd.Series:
         pd.Series(dtype=float)
 
 
+def evaluation_gap(tidy: pd.DataFrame, metric: str, arms: tuple[str, ...]) -> float:
+    """The median gradient-step gap between a run's consecutive evaluations of ``metric`` (the
+    resolution of a steps-to-reach number); NaN with fewer than two evaluations."""
+    d = tidy[(tidy["metric"] == metric) & tidy["arm"].isin(arms)]
+    gaps = [g for _, r in d.groupby("run", sort=False) for g in np.diff(np.sort(r["grad_step"].unique())).tolist()]
+    return float(np.median(gaps)) if gaps else float("nan")
+
+
+COLUMNS = ["mechanism", "evidence", "arms", "value", "lo", "hi", "level", "method", "p", "test", "predicts", "n",
+           "verdict", "figure"]
+
+
 def _level(mechanism: str, evidence: str, arms: str, values: pd.Series, fig: str, *, above: float = 0.0) -> dict:
-    """A row for one arm's per-seed values: mean [CI]; acts when the mean is above ``above``."""
-    mean, lo, hi = bootstrap_ci(values.to_numpy(dtype=float))
-    acts = mean > above
-    return {"mechanism": mechanism, "evidence": evidence, "arms": arms, "value": mean, "lo": lo, "hi": hi,
-            "p": np.nan, "n": int(np.isfinite(values.to_numpy(dtype=float)).sum()), "acts": bool(acts),
-            "figure": fig}
+    """A row for one arm's per-seed values: mean [t interval]; one-sided t-test of mean > ``above``."""
+    v = values.to_numpy(dtype=float)
+    iv = t_interval(v)
+    p = t_test_p(v, above, alternative="greater")
+    return {"mechanism": mechanism, "evidence": evidence, "arms": arms, "value": iv.mean, "lo": iv.lo, "hi": iv.hi,
+            "level": iv.level, "method": iv.method, "p": p, "test": f"t, one-sided, > {above:g}",
+            "predicts": f"> {above:g}", "n": iv.n, "verdict": level_verdict(p), "figure": fig}
 
 
-def _diff(mechanism: str, evidence: str, arms: str, a: pd.Series, b: pd.Series, fig: str) -> dict:
-    """A row for b − a paired by seed (a within-run change when a and b are one arm's windows)."""
-    r = paired_diff(a, b)
+def _diff(mechanism: str, evidence: str, arms: str, a: pd.Series, b: pd.Series, fig: str, *, predicted: int,
+          margin: float | None = None, isolated: bool = True) -> dict:
+    """A row for b − a paired by seed (a within-run change when a and b are one arm's windows):
+    verdict from its two-sided sign-flip p in the ``predicted`` direction (+1 / −1)."""
+    r = paired_diff(a, b, margin=margin)
+    verdict = effect_verdict(r.mean, r.p, r.p_tost, predicted=predicted) if isolated else "not isolated"
     return {"mechanism": mechanism, "evidence": evidence, "arms": arms, "value": r.mean, "lo": r.lo, "hi": r.hi,
-            "p": r.p, "n": r.n, "acts": bool(r.n >= 2 and (r.lo > 0 or r.hi < 0)), "figure": fig}
+            "level": r.level, "method": r.method, "p": r.p, "test": "sign-flip, two-sided",
+            "predicts": {1: "rises", -1: "falls"}[predicted], "n": r.n, "verdict": verdict, "figure": fig}
 
 
 def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None) -> pd.DataFrame:
     """One row per mechanism that the sweep's arms can show (see the module doc).
 
-    Columns: mechanism, evidence, arms, value, lo, hi, p, n, acts, figure. Values in the
-    unit the evidence names (% for fractions). Rows whose arms or metrics are missing are left out.
+    Columns: :data:`COLUMNS` (value, lo, hi, level, method: the row's interval; p and its test;
+    predicts: the bound or direction; verdict). Values in the unit the evidence names (% for
+    fractions). Rows whose arms or metrics are missing are left out.
     """
     rows: list[dict] = []
     has = set(tidy["metric"].unique())
@@ -125,12 +153,13 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
         lo_, hi_ = w("train/clip_frac_low", base), w("train/clip_frac_high", base)
         if len(lo_) and len(hi_):
             clipped = _by_seed(lo_, "all", pct).add(_by_seed(hi_, "all", pct), fill_value=0.0)
-            rows.append(_level("off-policy updates", "clipped tokens, % (clip_frac_low + clip_frac_high)", base,
-                               clipped, "fig3"))
+            rows.append(_level("off-policy updates", "clipped tokens, % (clip_frac_low + clip_frac_high; acts: "
+                               "> 0.1%)", base, clipped, "fig3", above=0.1))
         ent = w("train/entropy", base)
         if len(ent):
             rows.append(_diff("entropy collapse", "train/entropy, last − first quarter (nats/token)", base,
-                              _by_seed(ent, "first"), _by_seed(ent, "last"), "fig2"))
+                              _by_seed(ent, "first"), _by_seed(ent, "last"), "fig2", predicted=-1,
+                              margin=equivalence_margin("train/entropy")))
         mx, mean = w("rollout/response_len_max", base), w("rollout/response_len_mean", base)
         if len(mx) and len(mean):
             ratio = _by_seed(mx, "all") / _by_seed(mean, "all")
@@ -138,66 +167,74 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
                                ratio, "fig4", above=2.0))
         tr = w("rollout/truncated_frac", base)
         if len(tr):
-            rows.append(_level("overlong: truncation", "truncated responses, %", base, _by_seed(tr, "all", pct),
-                               "fig5"))
+            rows.append(_level("overlong: truncation", "truncated responses, % (acts: > 1%)", base,
+                               _by_seed(tr, "all", pct), "fig5", above=1.0))
 
     def pair(toggle: str):
-        """(off, on, label of the pair): the label names the other techniques that also differ
-        (e.g. GRPO → DAPO in a two-arm sweep), whose effect the row then includes."""
+        """(off, on, label of the pair, isolated): the label names the other techniques that also differ
+        (e.g. GRPO → DAPO in a two-arm sweep); such a pair is not isolated and its rows get no verdict."""
         p = find_pair(toggle, tidy, sweep, configs)
         if p is None:
             return None
         also = f" (also differ: {', '.join(p.other_toggles)})" if p.other_toggles else ""
-        return p.off.name, p.on.name, f"{p.off.name} → {p.on.name}{also}"
+        return p.off.name, p.on.name, f"{p.off.name} → {p.on.name}{also}", not p.other_toggles
 
     if (p := pair("clip_higher")) is not None:
-        off, on, pair_label = p
+        off, on, pair_label, iso = p
         hi_off = w("train/clip_frac_high", off)
         if len(hi_off):
-            rows.append(_level("Clip-Higher binds", "up-clipped tokens at ε_high 0.2, %", off,
-                               _by_seed(hi_off, "all", pct), "fig3"))
+            rows.append(_level("Clip-Higher binds", "up-clipped tokens at ε_high 0.2, % (acts: > 0.01%)", off,
+                               _by_seed(hi_off, "all", pct), "fig3", above=0.01))
         e_off, e_on = w("train/entropy", off), w("train/entropy", on)
         if len(e_off) and len(e_on):
             rows.append(_diff("Clip-Higher → entropy", "train/entropy, last quarter, on − off", pair_label,
-                              _by_seed(e_off, "last"), _by_seed(e_on, "last"), "fig2"))
+                              _by_seed(e_off, "last"), _by_seed(e_on, "last"), "fig2", predicted=1,
+                              margin=equivalence_margin("train/entropy"), isolated=iso))
     if (p := pair("token_loss")) is not None:
-        off, on, pair_label = p
+        off, on, pair_label, iso = p
+        # the paper (Fig. 4): without it, entropy and length grow unhealthily; with it, both stay lower
         for metric, what in (("train/entropy", "train/entropy"), ("rollout/response_len_mean", "response length")):
             a, b = w(metric, off), w(metric, on)
             if len(a) and len(b):
                 rows.append(_diff("token-level loss", f"{what}, last quarter, on − off", pair_label,
-                                  _by_seed(a, "last"), _by_seed(b, "last"), "fig4"))
+                                  _by_seed(a, "last"), _by_seed(b, "last"), "fig4", predicted=-1,
+                                  margin=equivalence_margin(metric), isolated=iso))
     if (p := pair("soft_punish")) is not None:
-        off, on, pair_label = p
+        off, on, pair_label, iso = p
         for metric, what, s in (("rollout/truncated_frac", "truncated responses, %", pct),
                                 ("rollout/response_len_mean", "response length", 1.0)):
             a, b = w(metric, off), w(metric, on)
             if len(a) and len(b):
                 rows.append(_diff("soft punishment", f"{what}, last quarter, on − off", pair_label,
-                                  _by_seed(a, "last", s), _by_seed(b, "last", s), "fig8"))
-    metric = primary_metric(tidy)
+                                  _by_seed(a, "last", s), _by_seed(b, "last", s), "fig8", predicted=-1,
+                                  margin=equivalence_margin(metric), isolated=iso))
+    metric = sweep.metric or primary_metric(tidy)
     if (p := pair("dynamic_sampling")) is not None and metric is not None:
-        off, on, pair_label = p
-        target = w(metric, off)
-        if len(target):
-            thr = float(np.nanmean(target["last"]))
-            # a run that never gets there counts as the next evaluation after the end: a lower bound,
-            # the same for both arms, so the sign-flip test stays exact (the two are exchangeable under H0)
+        off, on, pair_label, iso = p
+        t_off, t_on = w(metric, off), w(metric, on)
+        if len(t_off) and len(t_on):
+            seeds = sorted(set(t_off["seed"]) & set(t_on["seed"]))
+            # pooled over both arms' paired runs: swapping the arms leaves it where it is, so the
+            # sign-flip test stays exact (the two arms are exchangeable under H0)
+            thr = float(np.nanmean(np.concatenate([t_off.set_index("seed").loc[seeds, "last"].to_numpy(float),
+                                                   t_on.set_index("seed").loc[seeds, "last"].to_numpy(float)])))
             a, b = steps_to_reach(tidy, metric, off, thr), steps_to_reach(tidy, metric, on, thr)
-            never = int(a.isna().sum() + b.isna().sum())
+            never = int(a.reindex(seeds).isna().sum() + b.reindex(seeds).isna().sum())
             cap = next_evaluation(tidy, metric, (off, on))
+            gap = evaluation_gap(tidy, metric, (off, on))
             a, b = a.fillna(cap), b.fillna(cap)
-            rows.append(_diff("dynamic sampling", f"gradient steps to {metric} ≥ {thr:.3f} (the off arm's "
-                              f"last-quarter mean), on − off" +
+            sc = metric_scale(tidy, metric)
+            rows.append(_diff("dynamic sampling", f"gradient steps to {metric} ≥ {thr * sc:.3g}"
+                              f"{'%' if sc == 100 else ''} (pooled: both arms' last-quarter mean), on − off; "
+                              f"resolution {gap:.0f} steps (one evaluation)" +
                               (f"; {never} runs never reach it and count as {cap:.0f}, the next evaluation"
-                               if never else ""), pair_label, a, b, "fig6"))
+                               if never else ""), pair_label, a, b, "fig6", predicted=-1, isolated=iso))
         ga, gb = w("sampling/gen_tokens", off), w("sampling/gen_tokens", on)
         if len(ga) and len(gb):
             ratio = _by_seed(gb, "all") / _by_seed(ga, "all")
             rows.append(_level("dynamic sampling: cost", "generated tokens per rollout step, on / off (acts: > 1)",
                                pair_label, ratio.dropna(), "fig6", above=1.0))
-    cols = ["mechanism", "evidence", "arms", "value", "lo", "hi", "p", "n", "acts", "figure"]
-    return pd.DataFrame(rows, columns=cols)
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def _num(v: float) -> str:
@@ -207,11 +244,13 @@ def _num(v: float) -> str:
 
 
 def format_mechanisms(df: pd.DataFrame) -> pd.DataFrame:
-    """The table as shown in report.md: value [CI], p, seeds, acts, figure."""
+    """The table as shown in report.md: value [interval, level], p and its test, seeds, verdict, figure."""
     return pd.DataFrame({
         "mechanism": df["mechanism"], "evidence": df["evidence"], "arm(s)": df["arms"],
-        "value [95% CI]": [f"{_num(v)} [{_num(lo)}, {_num(hi)}]" for v, lo, hi in zip(df["value"], df["lo"], df["hi"])],
-        "p": ["–" if not np.isfinite(p) else f"{p:.3f}" for p in df["p"]],
-        "seeds": df["n"], "acts": ["yes" if a else "no" for a in df["acts"]],
+        "value [interval]": [f"{_num(v)} [{_num(lo)}, {_num(hi)}] {interval_label(m, lv)}" if np.isfinite(lo) else _num(v)
+                             for v, lo, hi, lv, m in zip(df["value"], df["lo"], df["hi"], df["level"], df["method"])],
+        "predicts": df["predicts"],
+        "p (test)": ["–" if not np.isfinite(p) else f"{p:.3f} ({t})" for p, t in zip(df["p"], df["test"])],
+        "seeds": df["n"], "verdict (exploratory)": df["verdict"],
         "figure": [f"[{f}](figures/{f}.png)" for f in df["figure"]],
     })

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["EVAL_RE", "LABELS", "X_LABELS", "PAPER_METRIC", "UNDEFINED_WHEN_ZERO", "eval_metrics", "primary_metric",
-           "metric_short", "dataset_name", "metric_scale", "metric_label", "is_paper_metric", "mask_undefined"]
+           "metric_short", "dataset_name", "metric_scale", "metric_label", "is_paper_metric", "mask_undefined",
+           "EQUIVALENCE_MARGINS", "equivalence_margin"]
 
 EVAL_RE = re.compile(r"^eval/(?P<dataset>[^/]+)/(?P<kind>avg|pass|cons)_at_(?P<k>\d+)$")
 DATASET_TITLES = {"aime24": "AIME 2024", "aime25": "AIME 2025", "math500": "MATH-500", "gsm8k": "GSM8K",
@@ -38,6 +39,21 @@ X_LABELS = {"grad_step": "gradient step", "rollout_step": "rollout step"}
 PAPER_METRIC = "eval/aime24/avg_at_32"
 """The metric of the paper's Table 1 and figures (AIME 2024 avg@32): only a sweep scored by it
 is compared with the paper's numbers ("ours − paper")."""
+EQUIVALENCE_MARGINS = {
+    "eval": 1.0,                          # any eval/<set>/<kind>_at_<k>, in points (%)
+    "rollout/acc_mean": 1.0,
+    "rollout/reward_mean": 0.02,
+    "train/entropy": 0.01,
+    "rollout/response_len_mean": 2.0,
+    "rollout/truncated_frac": 0.5,
+    "train/clip_frac_high": 0.01,
+    "train/clip_frac_low": 0.05,
+}
+"""The declared equivalence margin m per metric, in the unit it is shown in (% for fractions):
+a difference whose TOST bounds it inside ±m is a "bounded null". Accuracy: 1 point, the
+paper's smallest Table 1 step (token-level loss, +1); entropy: 0.01 nats/token, about a
+quarter of naive GRPO's collapse over a mini run (−0.036); length: 2 tokens; truncation:
+0.5 points; reward: 0.02. docs/STATISTICS.md says why each."""
 UNDEFINED_WHEN_ZERO = {"train/up_clipped_prob_mean": "train/clip_frac_high"}
 """Metrics logged as 0.0 when they are undefined, and the metric whose 0 at the same point says
 so: the mean probability of up-clipped tokens is 0.0 in a step that clipped no token at
@@ -93,6 +109,15 @@ def metric_label(metric: str, scale: float = 1.0) -> str:
         return f"{metric_short(metric)}" + (" (%)" if scale == 100 else "")
     lab = LABELS.get(metric, metric)
     return lab if scale == 100 or "(%)" not in lab else lab.replace(" (%)", " (fraction)")
+
+
+def equivalence_margin(metric: str | None) -> float | None:
+    """The declared margin of ``metric`` (:data:`EQUIVALENCE_MARGINS`, in its shown unit); None if none."""
+    if not metric:
+        return None
+    if EVAL_RE.match(metric):
+        return EQUIVALENCE_MARGINS["eval"]
+    return EQUIVALENCE_MARGINS.get(metric)
 
 
 def is_paper_metric(metric: str | None) -> bool:

@@ -24,7 +24,7 @@ writes::
 
     snapshot/   runs.parquet configs.json sweep.json meta.json   (only when reading MLflow)
     figures/    fig1..fig7 .png + .pdf (a figure the sweep cannot show is listed, not drawn)
-    table1.md table1.csv table1.tex compare.md cost.csv report.md
+    table1.md table1.csv table1.tex family.csv compare.md cost.csv mechanisms.csv learning.csv report.md
     reading.md  the human-written reading; never overwritten unless a new one is given
 """
 
@@ -45,8 +45,9 @@ from .learning import LEARNING_NOTE, format_learning, learning_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
 from .runs import SweepInfo, load_runs, load_snapshot, read_meta, snapshot
 from .metric_names import primary_metric
-from .tables import (COST_NOTE, compare_table, cost_ledger, format_cost, format_table1, paired_line, table1,
-                     table1_footnote, to_csv, to_latex, to_markdown)
+from .stats import BAND_METHOD
+from .tables import (COST_NOTE, compare_table, cost_ledger, decision_rule, family_table, format_cost, format_family,
+                     format_table1, loop_seconds, paired_line, table1, table1_footnote, to_csv, to_latex, to_markdown)
 
 __all__ = ["write_report", "main"]
 
@@ -54,9 +55,9 @@ _NO_READING = ("_No reading yet. Write one in `reading.md` next to this file (or
                "it is kept when the report is regenerated._")
 
 
-def _pair_md(tidy, off, on, metric: str | None, final_k: int, cost: pd.DataFrame) -> list[str]:
+def _pair_md(tidy, off, on, metric: str | None, final_k: int, cost: pd.DataFrame, configs, sweep) -> list[str]:
     """One pair's section body: the paired line on the sweep's metric, the two arms' cost, every metric."""
-    out = [paired_line(tidy, off, on, metric, final_k)] if metric else []
+    out = [paired_line(tidy, off, on, metric, final_k, configs=configs, sweep=sweep)] if metric else []
     two = cost[cost["arm"].isin([off.name, on.name])]
     if len(two):
         two = two.set_index("arm").loc[[a for a in (off.name, on.name) if a in set(two["arm"])]].reset_index()
@@ -75,8 +76,11 @@ def _compare_md(tidy, configs, sweep: SweepInfo, final_k: int) -> str:
              f"Final value per run = mean of its last {final_k} logged points; mean over seeds. "
              "`diff` = second arm − first arm. Accuracies and fractions in %. "
              "`paired_diff` [`paired_lo`, `paired_hi`]: the same difference paired by seed (seeds both arms "
-             "ran), 95% percentile-bootstrap CI over the pairs; `p`: two-sided exact sign-flip permutation "
-             "test of the paired mean difference (all 2^n flips); `n_pairs`: seeds in both arms.\n"]
+             "ran), with its interval's `level` and `method` (exact sign-flip interval up to 16 pairs); `p`: "
+             "two-sided exact sign-flip test of the paired mean difference (all 2^n flips); `n_pairs`: seeds in "
+             "both arms. **Exploratory**: every p here is unadjusted over the many rows (about one in twenty "
+             "metrics with no effect at all shows p ≤ 0.05); the findings are the primary family's, in "
+             "report.md.\n"]
     seen = set()
     for t in TOGGLES:
         p = find_pair(t, tidy, sweep, configs, _acfg=acfg)
@@ -84,12 +88,12 @@ def _compare_md(tidy, configs, sweep: SweepInfo, final_k: int) -> str:
             continue
         seen.add((p.off.name, p.on.name))
         parts += [f"## {TOGGLES[t].title}: {p.off.label} → {p.on.label}\n", p.describe() + "\n",
-                  *_pair_md(tidy, p.off, p.on, metric, final_k, cost)]
+                  *_pair_md(tidy, p.off, p.on, metric, final_k, cost, configs, sweep)]
     arms = arms_with_runs(tidy, sweep)
     full = dapo_arm(tidy, sweep, configs, _acfg=acfg)
     if arms and full is not None and arms[0].name != full.name and (arms[0].name, full.name) not in seen:
         parts += [f"## First arm vs DAPO arm: {arms[0].label} → {full.label}\n",
-                  *_pair_md(tidy, arms[0], full, metric, final_k, cost)]
+                  *_pair_md(tidy, arms[0], full, metric, final_k, cost, configs, sweep)]
     if len(parts) == 2:
         parts.append("_Fewer than two arms: nothing to compare._\n")
     return "\n".join(parts)
@@ -97,13 +101,14 @@ def _compare_md(tidy, configs, sweep: SweepInfo, final_k: int) -> str:
 
 def _runs_md(tidy: pd.DataFrame, sweep: SweepInfo) -> str:
     per = tidy.groupby(["arm", "run"], sort=False).agg(
-        seed=("seed", "first"), grad=("grad_step", "max"), time=("time", "max")).reset_index()
+        seed=("seed", "first"), grad=("grad_step", "max")).reset_index()
+    loop = loop_seconds(tidy)
     rows = []
     for arm in arms_with_runs(tidy, sweep):
         g = per[per["arm"] == arm.name]
         rows.append({"arm": arm.label, "seeds": ", ".join(str(s) for s in sorted(g["seed"])),
                      "last grad step (min–max)": f"{g['grad'].min()}–{g['grad'].max()}",
-                     "wall (min, sum over seeds)": f"{g['time'].sum() / 60:.1f}"})
+                     "loop (min, sum over seeds)": f"{g['run'].map(loop).sum() / 60:.1f}"})
     missing = [a.label for a in sweep.arms if a.name not in set(per["arm"])]
     text = to_markdown(pd.DataFrame(rows))
     if missing:
@@ -131,16 +136,18 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
         if r.figure is not None:
             written += save_figure(r.figure, out / "figures" / r.name, formats)
 
-    t1 = table1(tidy, sweep, final_k=final_k)
+    fam = family_table(tidy, sweep, configs, final_k)
+    written.append(to_csv(fam, out / "family.csv"))
+    t1 = table1(tidy, sweep, final_k=final_k, configs=configs, family=fam)
     shown = format_table1(t1)
     footnote = table1_footnote(t1)
     (out / "table1.md").write_text(to_markdown(shown) + "\n" + footnote + "\n")
     written.append(out / "table1.md")
     written.append(to_csv(t1, out / "table1.csv"))
     caption = (f"{sweep.name}: final {t1.attrs.get('metric')} (mean of the last {final_k} evaluations "
-               f"per seed; 95% bootstrap CI over seeds) vs the paper. Δ vs previous arm: paired by seed, "
-               f"95% bootstrap CI over pairs; p: exact paired sign-flip permutation test; seeds for the "
-               f"paper's Δ at 80% power, α = 0.05.")
+               f"per seed; 95% Student-t interval over seeds) vs the paper. Δ vs previous arm: paired by seed, "
+               f"exact sign-flip interval; p: exact paired sign-flip test, Holm-adjusted over the primary family "
+               f"of {t1.attrs.get('m', 0)}; seeds for the paper's Δ at 80% power.")
     to_latex(shown, out / "table1.tex", caption=caption, label=f"tab:{sweep.name}")
     written.append(out / "table1.tex")
     (out / "compare.md").write_text(_compare_md(tidy, configs, sweep, final_k))
@@ -171,9 +178,15 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              "- generated from the runs as snapshotted " + (meta.get("created") or "(no snapshot date)")
              + (f" from {meta['mlflow_uri']}" if meta.get("mlflow_uri") else "")
              + (f"; analysis commit {meta['commit']}" if meta.get("commit") else ""),
-             "", "## Table 1", "", to_markdown(shown),
-             paper_note + " Ours: see the sweep config; "
-             "CIs are 95% percentile bootstrap over seeds (one seed: no interval).", "",
+             "", decision_rule(int(fam.attrs.get("m", len(fam)))), "",
+             "## The primary family", "",
+             to_markdown(format_family(fam)) if len(fam) else "Fewer than two arms with runs: no comparison.",
+             "Numbers: [family.csv](family.csv). TOST ±m: the metric's declared equivalence margin "
+             "(analysis/metric_names.py). Seeds: paired seeds at which the exact sign-flip test has 80% power "
+             "for the paper's Δ at α/m, at the measured SD (in parentheses: at the ends of the SD's 95% "
+             "χ² interval).", "",
+             "## Table 1", "", to_markdown(shown),
+             paper_note + " Ours: see the sweep config.", "",
              footnote, "",
              "Files: [table1.csv](table1.csv), [table1.tex](table1.tex), "
              "[arm-vs-arm comparison](compare.md).", "",
@@ -184,7 +197,8 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              to_markdown(format_learning(learn)) if len(learn) else "No evaluation or rollout reward in these runs.",
              LEARNING_NOTE + " Numbers: [learning.csv](learning.csv).", "",
              "## Cost ledger", "", to_markdown(format_cost(cost)), COST_NOTE + " Numbers: [cost.csv](cost.csv).", "",
-             "## Runs", "", _runs_md(tidy, sweep), "## Figures", ""]
+             "## Runs", "", _runs_md(tidy, sweep), "## Figures", "",
+             f"Curves: {BAND_METHOD}.", ""]
     for r in results:
         number = r.name[3:]
         lines.append(f"### Fig. {number}: {r.title}")

@@ -1,8 +1,11 @@
 """Table 1 (final accuracy per arm, vs the paper) and arm-vs-arm comparison tables.
 
 "Final" for one run is the mean of its last ``final_k`` evaluations of the primary metric;
-an arm's value is the mean of its seeds' finals with a 95% percentile-bootstrap CI over
-seeds (stats.bootstrap_ci, seed 0). Accuracies are shown in % (the paper's unit).
+an arm's value is the mean of its seeds' finals with the 95% Student-t interval over seeds.
+The sweep's primary family (each ladder step and the full arm vs the baseline) is tested with
+the exact sign-flip test, Holm-adjusted, and each comparison gets one verdict from that test
+(:func:`family_table`); the arm-vs-arm tables are exploratory. Accuracies are shown in %
+(the paper's unit). Methods and their coverage: docs/STATISTICS.md.
 
 Writers (no extra dependencies): :func:`to_markdown`, :func:`to_csv`, :func:`to_latex`.
 """
@@ -14,106 +17,197 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .arms import arms_with_runs
-from .metric_names import dataset_name, is_paper_metric, mask_undefined, metric_scale, metric_short, primary_metric
+from .arms import (TOGGLES, arms_with_runs, baseline_arm, dapo_arm, find_pair, flat_arm_configs, paper_delta,
+                   toggle_state)
+from .metric_names import (dataset_name, equivalence_margin, is_paper_metric, mask_undefined, metric_scale,
+                           metric_short, primary_metric)
 from .runs import ArmInfo, SweepInfo
-from .stats import (SEEDS_NEEDED_METHOD, PairedDiff, bootstrap_ci, min_pairs_sign_flip, paired_diff, run_finals,
-                    seeds_needed)
+from .stats import (SEEDS_NEEDED_METHOD, effect_verdict, holm, interval_label, paired_diff, run_finals, sd_interval,
+                    seeds_needed_sign_flip, t_interval)
 
-__all__ = ["table1", "format_table1", "table1_footnote", "compare_table", "paired_arms", "paired_line",
-           "cost_ledger", "format_cost", "COST_NOTE", "to_markdown", "to_csv", "to_latex"]
+__all__ = ["table1", "format_table1", "table1_footnote", "primary_pairs", "family_table", "format_family",
+           "decision_rule", "loop_seconds", "compare_table", "paired_line", "cost_ledger", "format_cost", "COST_NOTE", "to_markdown", "to_csv", "to_latex"]
 
 TABLE1_COLUMNS = ["arm", "label", "ours", "ci_lo", "ci_hi", "n_seeds", "paper", "diff",
                   "grad_steps", "rollout_steps", "wall_min",
-                  "d_prev", "d_lo", "d_hi", "p_prev", "n_pairs", "sd_prev", "paper_delta", "seeds_needed", "seeds_needed_t"]
+                  "d_prev", "d_lo", "d_hi", "d_level", "d_method", "p_prev", "p_holm", "p_tost_holm", "verdict",
+                  "n_pairs", "sd_prev", "paper_delta", "seeds_needed", "seeds_needed_lo", "seeds_needed_hi"]
+FAMILY_COLUMNS = ["comparison", "off", "on", "isolates", "paper_delta", "mean", "lo", "hi", "level", "method", "n",
+                  "seeds", "sd", "p", "p_holm", "margin", "p_tost", "p_tost_holm", "verdict",
+                  "seeds_needed", "seeds_needed_lo", "seeds_needed_hi"]
 POWER, ALPHA = 0.8, 0.05
-"""Power and two-sided level of the seeds-needed column."""
+"""Power of the seeds-needed column; level of every test (family-wise, after Holm, in the primary family)."""
 
 
+# --------------------------------------------------------------------------- the primary family
+def primary_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None) -> list[tuple[ArmInfo, ArmInfo]]:
+    """The sweep's declared primary family: the (off, on) arm pairs whose tests are Holm-adjusted together.
+
+    A ladder: every step (row − the row above); other kinds: every pair that isolates exactly one
+    technique (:func:`analysis.arms.find_pair`). Then the full arm vs the baseline (DAPO − naive
+    GRPO), unless it is already in. Everything else the report shows is exploratory.
+    """
+    arms = arms_with_runs(tidy, sweep)
+    acfg = flat_arm_configs(tidy, sweep, configs)
+    pairs: list[tuple[ArmInfo, ArmInfo]] = []
+    if sweep.kind == "ladder":
+        pairs = list(zip(arms, arms[1:]))
+    else:
+        for t in TOGGLES:
+            pr = find_pair(t, tidy, sweep, configs, _acfg=acfg)
+            if pr is not None and pr.exact:
+                pairs.append((pr.off, pr.on))
+    base, full = baseline_arm(tidy, sweep, configs, _acfg=acfg), dapo_arm(tidy, sweep, configs, _acfg=acfg)
+    if base is not None and full is not None and base.name != full.name:
+        pairs.append((base, full))
+    seen, out = set(), []
+    for off, on in pairs:
+        if (off.name, on.name) not in seen:
+            seen.add((off.name, on.name))
+            out.append((off, on))
+    return out
+
+
+def _isolates(off: ArmInfo, on: ArmInfo, acfg: dict) -> str:
+    """The technique the pair isolates ("clip_higher"), "all" (GRPO → DAPO), or "" (several, or unknown)."""
+    if off.name not in acfg or on.name not in acfg:
+        return ""
+    st = [(t, toggle_state(acfg[off.name], t), toggle_state(acfg[on.name], t)) for t in TOGGLES]
+    diff = [t for t, a, b in st if a != b]
+    if len(diff) == 1:
+        return diff[0]
+    return "all" if len(diff) == len(TOGGLES) else ""
+
+
+def family_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None, final_k: int | None = 3, *,
+                 metric: str | None = None, alpha: float = ALPHA) -> pd.DataFrame:
+    """One row per comparison of the primary family (:func:`primary_pairs`), on the sweep's metric.
+
+    Columns: comparison, off, on, isolates (technique), paper_delta (:func:`analysis.arms.paper_delta`);
+    mean, lo, hi, level, method (:func:`analysis.stats.paired_diff`: the interval of the difference
+    over paired seeds, in the table's unit), n, seeds, sd; p (two-sided exact sign-flip), p_holm
+    (Holm over the family); margin (:func:`analysis.metric_names.equivalence_margin`), p_tost and
+    p_tost_holm (TOST against ±margin, Holm over the family); verdict
+    (:func:`analysis.stats.effect_verdict` on p_holm / p_tost_holm, the direction the paper's Δ
+    predicts: "reproduces", "contradicts" on the paper's own metric or "harms here" on another,
+    "bounded null", "inconclusive"); seeds_needed (:func:`analysis.stats.seeds_needed_sign_flip`
+    at 80% power for the paper's Δ at α/m, the level of Holm's first step, so an upper bound) and
+    its _lo/_hi at the ends of the SD's 95% χ² interval. ``attrs``: metric, scale, m, alpha.
+    """
+    final_k = final_k or sweep.final_k
+    metric = metric or sweep.metric or primary_metric(tidy)
+    scale = metric_scale(tidy, metric) if metric else 1.0
+    pairs = primary_pairs(tidy, sweep, configs) if metric else []
+    finals = run_finals(tidy, metric, final_k) if metric else None
+    acfg = flat_arm_configs(tidy, sweep, configs)
+    margin = equivalence_margin(metric)
+    m = len(pairs)
+    rows = []
+    for off, on in pairs:
+        r = paired_diff(_seed_finals(finals, off.name, scale), _seed_finals(finals, on.name, scale),
+                        alpha=alpha, margin=margin)
+        delta = paper_delta(off, on, acfg)
+        lo_sd, hi_sd = sd_interval(r.sd, r.n)
+        need = [seeds_needed_sign_flip(sd, delta, POWER, alpha / max(m, 1)) for sd in (r.sd, lo_sd, hi_sd)]
+        rows.append({"comparison": f"{on.label or on.name} vs {off.label or off.name}", "off": off.name,
+                     "on": on.name, "isolates": _isolates(off, on, acfg), "paper_delta": delta,
+                     "mean": r.mean, "lo": r.lo, "hi": r.hi, "level": r.level, "method": r.method, "n": r.n,
+                     "seeds": ",".join(str(x) for x in r.seeds), "sd": r.sd, "p": r.p, "margin": r.margin,
+                     "p_tost": r.p_tost,
+                     **{k: float(v) if v is not None else np.nan
+                        for k, v in zip(("seeds_needed", "seeds_needed_lo", "seeds_needed_hi"), need)}})
+    df = pd.DataFrame(rows, columns=[c for c in FAMILY_COLUMNS if c not in ("p_holm", "p_tost_holm", "verdict")])
+    df["p_holm"] = holm(df["p"].to_numpy(dtype=float)) if len(df) else []
+    df["p_tost_holm"] = holm(df["p_tost"].to_numpy(dtype=float)) if len(df) else []
+    against = "contradicts" if is_paper_metric(metric) else "harms here"
+    df["verdict"] = [effect_verdict(mu, p, pt, predicted=int(np.sign(d)) if np.isfinite(d) and d else 1,
+                                    alpha=alpha, yes="reproduces", no=against)
+                     for mu, p, pt, d in zip(df["mean"], df["p_holm"], df["p_tost_holm"], df["paper_delta"])]
+    df = df[FAMILY_COLUMNS]
+    df.attrs.update(metric=metric, scale=scale, m=m, alpha=alpha, final_k=final_k)
+    return df
+
+
+def loop_seconds(tidy: pd.DataFrame) -> pd.Series:
+    """{run: the training loop's own seconds}: the sum of ``time/step_s`` (each step, its evaluation
+    included) + the evaluation before training (``time/eval_s`` at rollout step 0). Never last point −
+    start, which would count the time between a stopped run and its resumption."""
+    ev = tidy.loc[tidy["metric"] == "time/eval_s"]
+    ev0 = ev[ev["rollout_step"].fillna(0) == 0].groupby("run")["value"].sum()
+    steps = _run_sum(tidy, "time/step_s")                  # runs without step times: no loop time at all
+    return steps + ev0.reindex(steps.index).fillna(0.0)
+
+
+# --------------------------------------------------------------------------- Table 1
 def table1(tidy: pd.DataFrame, sweep_info: SweepInfo, final_k: int | None = 3, *,
-           metric: str | None = None, n_boot: int = 10000, seed: int = 0) -> pd.DataFrame:
+           metric: str | None = None, configs: dict | None = None, family: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per arm of the sweep (sweep order; arms without runs have n_seeds 0), numeric columns:
 
-    arm, label; ours, ci_lo, ci_hi (% if the metric is an accuracy in [0, 1]); n_seeds;
-    paper (the sweep's value, %); diff = ours − paper, only when the metric is the paper's own
-    (AIME 2024 avg@32, ``metric_names.is_paper_metric``), else NaN: a number on another task
-    is not comparable; grad_steps, rollout_steps (mean over seeds of each run's last step);
-    wall_min (mean over seeds of each run's wall-clock minutes, start to last logged point).
-    Paired vs the previous row (ladders only, see :func:`paired_arms`; NaN on the first row and
-    for other sweep kinds): d_prev, d_lo, d_hi (this arm − the previous one over the seeds both
-    have, in the table's unit, 95% bootstrap CI over pairs), p_prev (exact sign-flip
-    permutation p), n_pairs, sd_prev (SD of the per-seed differences), paper_delta (the
-    paper's value of this row − the previous row's) and seeds_needed (paired seeds to detect
-    paper_delta at 80% power, α = 0.05, given sd_prev; NaN when undefined).
-    ``df.attrs``: metric, final_k, scale, vs_paper (whether diff is computed), kind.
+    arm, label; ours, ci_lo, ci_hi (% if the metric is an accuracy in [0, 1]; the 95% Student-t
+    interval over seeds, :func:`analysis.stats.t_interval`); n_seeds; paper (the sweep's value,
+    %); diff = ours − paper, only when the metric is the paper's own (AIME 2024 avg@32,
+    ``metric_names.is_paper_metric``), else NaN; grad_steps, rollout_steps (mean over seeds of
+    each run's last step); wall_min (mean over seeds of each run's loop minutes, :func:`loop_seconds`).
+    Ladders only, the row vs the row above, from the primary family (:func:`family_table`; NaN on the
+    first row and for other kinds): d_prev, d_lo, d_hi, d_level, d_method, p_prev, p_holm,
+    p_tost_holm, verdict, n_pairs, sd_prev, paper_delta, seeds_needed (_lo, _hi).
+    ``df.attrs``: metric, final_k, scale, vs_paper, kind, m (family size).
     """
     final_k = final_k or sweep_info.final_k
     metric = metric or sweep_info.metric or primary_metric(tidy)
     vs_paper = is_paper_metric(metric)
     scale = metric_scale(tidy, metric) if metric else 1.0
     finals = run_finals(tidy, metric, final_k) if metric else pd.DataFrame(columns=["arm", "final"])
+    fam = family if family is not None else family_table(tidy, sweep_info, configs, final_k, metric=metric)
     per_run = tidy.groupby(["arm", "run"], sort=False).agg(
-        grad=("grad_step", "max"), rollout=("rollout_step", "max"), time=("time", "max")).reset_index()
+        grad=("grad_step", "max"), rollout=("rollout_step", "max")).reset_index()
+    per_run["loop"] = per_run["run"].map(loop_seconds(tidy)).astype(float)
     rows = []
-    # every arm of the sweep (one without runs yet shows n_seeds 0), then arms only the runs know
     names = {a.name for a in sweep_info.arms}
     arms = list(sweep_info.arms) + [a for a in arms_with_runs(tidy, sweep_info) if a.name not in names]
     prev = None
     for arm in arms:
         f = finals.loc[finals["arm"] == arm.name, "final"].to_numpy(dtype=float)
-        mean, lo, hi = bootstrap_ci(f, n_boot=n_boot, seed=seed)
+        iv = t_interval(f)
         pr = per_run[per_run["arm"] == arm.name]
-        ours = mean * scale
+        ours = iv.mean * scale
         paper = float(arm.paper) if arm.paper is not None else np.nan
+        step = fam[(fam["off"] == prev.name) & (fam["on"] == arm.name)] if prev is not None and len(fam) else fam[:0]
         rows.append({
-            "arm": arm.name, "label": arm.label, "ours": ours, "ci_lo": lo * scale, "ci_hi": hi * scale,
+            "arm": arm.name, "label": arm.label, "ours": ours, "ci_lo": iv.lo * scale, "ci_hi": iv.hi * scale,
             "n_seeds": int(np.isfinite(f).sum()), "paper": paper,
             "diff": ours - paper if vs_paper else np.nan,
             "grad_steps": float(pr["grad"].mean()),
             "rollout_steps": float(pd.to_numeric(pr["rollout"], errors="coerce").astype(float).mean()),
-            "wall_min": float(pr["time"].mean() / 60.0),
-            **_paired_cols(finals, prev, arm, scale, n_boot, seed, sweep_info.kind == "ladder"),
+            "wall_min": float(pr["loop"].mean() / 60.0),
+            **_step_cols(step if sweep_info.kind == "ladder" else fam[:0]),
         })
         prev = arm
     df = pd.DataFrame(rows, columns=TABLE1_COLUMNS)
-    df.attrs.update(metric=metric, final_k=final_k, scale=scale, vs_paper=vs_paper, kind=sweep_info.kind)
+    df.attrs.update(metric=metric, final_k=final_k, scale=scale, vs_paper=vs_paper, kind=sweep_info.kind,
+                    m=fam.attrs.get("m", len(fam)))
     return df
+
+
+def _step_cols(step: pd.DataFrame) -> dict:
+    """Table 1's paired columns from one family row (NaN when there is none)."""
+    if not len(step):
+        return {"d_prev": np.nan, "d_lo": np.nan, "d_hi": np.nan, "d_level": np.nan, "d_method": "",
+                "p_prev": np.nan, "p_holm": np.nan, "p_tost_holm": np.nan, "verdict": "", "n_pairs": 0,
+                "sd_prev": np.nan, "paper_delta": np.nan, "seeds_needed": np.nan, "seeds_needed_lo": np.nan,
+                "seeds_needed_hi": np.nan}
+    r = step.iloc[0]
+    return {"d_prev": r["mean"], "d_lo": r["lo"], "d_hi": r["hi"], "d_level": r["level"], "d_method": r["method"],
+            "p_prev": r["p"], "p_holm": r["p_holm"], "p_tost_holm": r["p_tost_holm"], "verdict": r["verdict"],
+            "n_pairs": int(r["n"]), "sd_prev": r["sd"], "paper_delta": r["paper_delta"],
+            "seeds_needed": r["seeds_needed"], "seeds_needed_lo": r["seeds_needed_lo"],
+            "seeds_needed_hi": r["seeds_needed_hi"]}
 
 
 def _seed_finals(finals: pd.DataFrame, arm: str, scale: float = 1.0) -> pd.Series:
     """{seed: final × scale} of one arm (a run_finals frame; several runs of one seed are averaged)."""
     g = finals.loc[finals["arm"] == arm]
     return (g.groupby("seed")["final"].mean() * scale).astype(float)
-
-
-def paired_arms(finals: pd.DataFrame, off: ArmInfo, on: ArmInfo, scale: float = 1.0, *,
-                n_boot: int = 10000, seed: int = 0) -> tuple[PairedDiff, float, int | None, int | None]:
-    """``(paired, paper_delta, seeds_needed, seeds_needed_t)`` for arm ``on`` − arm ``off``, finals × scale
-    paired by seed.
-
-    paper_delta = on.paper − off.paper (NaN without both); seeds_needed: paired seeds to
-    detect paper_delta at 80% power (α = 0.05) given the SD of the per-seed differences
-    (:func:`analysis.stats.seeds_needed`), and at least :func:`analysis.stats.min_pairs_sign_flip`
-    (6: fewer pairs cannot give p ≤ 0.05 in the exact sign-flip test the table reports);
-    seeds_needed_t: the t-test count alone. None when undefined (fewer than 2 pairs, SD 0, no paper values).
-    """
-    pd_ = paired_diff(_seed_finals(finals, off.name, scale), _seed_finals(finals, on.name, scale),
-                      n_boot=n_boot, seed=seed)
-    paper_delta = (float(on.paper) - float(off.paper)) if on.paper is not None and off.paper is not None else np.nan
-    need = seeds_needed(pd_.sd, paper_delta, POWER, ALPHA)
-    return pd_, paper_delta, (max(need, min_pairs_sign_flip(ALPHA)) if need is not None else None), need
-
-
-def _paired_cols(finals: pd.DataFrame, prev: ArmInfo | None, arm: ArmInfo, scale: float,
-                 n_boot: int, seed: int, ladder: bool) -> dict:
-    """The paired columns of one Table 1 row (NaN for the first row or outside a ladder)."""
-    if prev is None or not ladder or "seed" not in finals:
-        return {"d_prev": np.nan, "d_lo": np.nan, "d_hi": np.nan, "p_prev": np.nan, "n_pairs": 0,
-                "sd_prev": np.nan, "paper_delta": np.nan, "seeds_needed": np.nan, "seeds_needed_t": np.nan}
-    r, paper_delta, need, need_t = paired_arms(finals, prev, arm, scale, n_boot=n_boot, seed=seed)
-    return {"d_prev": r.mean, "d_lo": r.lo, "d_hi": r.hi, "p_prev": r.p, "n_pairs": r.n, "sd_prev": r.sd,
-            "paper_delta": paper_delta, "seeds_needed": float(need) if need is not None else np.nan,
-            "seeds_needed_t": float(need_t) if need_t is not None else np.nan}
 
 
 def _fmt(v, digits=1) -> str:
@@ -137,19 +231,28 @@ def _fmt_p(p) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def _fmt_diff_ci(m, lo, hi, n) -> str:
-    """"+1.2 [−0.3, +2.5]" (one pair: no interval)."""
+def _fmt_diff_ci(m, lo, hi, n, level=np.nan, method="", *, with_level: bool = False) -> str:
+    """"+1.2 [−0.3, +2.5]" (+ " 96.9% sign-flip" with_level; one pair: no interval)."""
     if not np.isfinite(m):
         return "–"
-    return _signed(m) + (f" [{_signed(lo)}, {_signed(hi)}]" if n > 1 else "")
+    if n < 2 or not np.isfinite(lo):
+        return _signed(m)
+    return _signed(m) + f" [{_signed(lo)}, {_signed(hi)}]" + (f" {interval_label(method, level)}" if with_level else "")
 
 
-def _fmt_need(need, paper_delta) -> str:
-    """"4 (for +6)": seeds needed for the paper's Δ; "–" when undefined."""
+def _interval_head(levels, methods) -> tuple[str, bool]:
+    """("96.9% sign-flip", False) when every interval shown has that level and method, else ("interval", True)."""
+    shown = {interval_label(m, lv) for lv, m in zip(levels, methods) if m and m != "none" and np.isfinite(lv)}
+    return (shown.pop(), False) if len(shown) == 1 else ("interval, level in the cell", True)
+
+
+def _fmt_need(need, lo, hi, paper_delta) -> str:
+    """"10 (6–48) for +1": seeds needed for the paper's Δ, in parentheses over the SD's interval; "–" when undefined."""
     if need is None or not np.isfinite(need):
         return "–"
     d = _fmt(paper_delta, 0) if float(paper_delta).is_integer() else _fmt(paper_delta)
-    return f"{int(need)} (for {'+' if paper_delta > 0 else ''}{d.replace('-', '−')})"
+    rng = (f" ({int(lo)}–{int(hi)})" if np.isfinite(lo) and np.isfinite(hi) and (lo != need or hi != need) else "")
+    return f"{int(need)}{rng} for {'+' if paper_delta > 0 else ''}{d.replace('-', '−')}"
 
 
 PAPER_ALONE = "paper's value (Qwen2.5-32B, AIME 2024 avg@32)"
@@ -166,11 +269,14 @@ def format_table1(df: pd.DataFrame) -> pd.DataFrame:
     unit = " (%)" if df.attrs.get("scale", 1.0) == 100 else ""
     head = f"{dataset_name(metric)} {metric_short(metric)}{unit}".strip()
     vs_paper = bool(df.attrs.get("vs_paper", is_paper_metric(metric)))
+    ladder = df.attrs.get("kind", "ladder") == "ladder"
+    ihead, per_cell = _interval_head(df["d_level"], df["d_method"])
+    m = df.attrs.get("m", 0)
     out = pd.DataFrame({
         "Arm": df["label"],
-        f"{head}, ours [95% CI]": [
-            f"{_fmt(m)} [{_fmt(lo)}, {_fmt(hi)}]" if n > 1 else _fmt(m)
-            for m, lo, hi, n in zip(df["ours"], df["ci_lo"], df["ci_hi"], df["n_seeds"])],
+        f"{head}, ours [95% t]": [
+            f"{_fmt(v)} [{_fmt(lo)}, {_fmt(hi)}]" if n > 1 else _fmt(v)
+            for v, lo, hi, n in zip(df["ours"], df["ci_lo"], df["ci_hi"], df["n_seeds"])],
         "seeds": df["n_seeds"].astype(int).astype(str),
         "paper" if vs_paper else PAPER_ALONE:
             [_fmt(v, 0) if np.isfinite(v) and float(v).is_integer() else _fmt(v) for v in df["paper"]],
@@ -178,43 +284,86 @@ def format_table1(df: pd.DataFrame) -> pd.DataFrame:
            if vs_paper else {}),
         "grad steps": [_fmt(v, 0) for v in df["grad_steps"]],
         "rollout steps": [_fmt(v, 0) for v in df["rollout_steps"]],
-        "wall (min/run)": [_fmt(v) for v in df["wall_min"]],
-        f"Δ vs previous arm ({'pp' if df.attrs.get('scale', 1.0) == 100 else 'units'}) [95% CI]": [
-            _fmt_diff_ci(m, lo, hi, n) for m, lo, hi, n in zip(df["d_prev"], df["d_lo"], df["d_hi"], df["n_pairs"])],
-        "p (paired perm.)": [_fmt_p(v) for v in df["p_prev"]],
-        "seeds for paper's Δ (80% power)": [_fmt_need(n, d) for n, d in zip(df["seeds_needed"], df["paper_delta"])],
+        "loop (min/run)": [_fmt(v) for v in df["wall_min"]],
     })
+    if ladder:
+        out[f"Δ vs previous arm ({'pp' if df.attrs.get('scale', 1.0) == 100 else 'units'}) [{ihead}]"] = [
+            _fmt_diff_ci(v, lo, hi, n, lv, me, with_level=per_cell)
+            for v, lo, hi, n, lv, me in zip(df["d_prev"], df["d_lo"], df["d_hi"], df["n_pairs"], df["d_level"],
+                                            df["d_method"])]
+        out["p (sign-flip)"] = [_fmt_p(v) for v in df["p_prev"]]
+        out[f"p Holm (family of {m})"] = [_fmt_p(v) for v in df["p_holm"]]
+        out["verdict"] = [v or "–" for v in df["verdict"]]
+        out["seeds for paper's Δ (80% power, Holm)"] = [
+            _fmt_need(n, lo, hi, d) for n, lo, hi, d in zip(df["seeds_needed"], df["seeds_needed_lo"],
+                                                           df["seeds_needed_hi"], df["paper_delta"])]
     out.attrs.update(df.attrs)
     return out
 
 
+def decision_rule(m: int, alpha: float = ALPHA) -> str:
+    """The rule every report states at its top (one paragraph)."""
+    return (f"**Decision rule.** The primary family is declared before looking: each step of the ladder (a row "
+            f"vs the row above; for other sweeps, each pair that isolates one technique) and the full arm vs the "
+            f"baseline — here {m} comparison{'s' if m != 1 else ''} of the sweep's metric, final value per run, "
+            f"paired by seed. Each is tested with the two-sided exact sign-flip test; p is Holm-adjusted over the "
+            f"family and a verdict comes from the adjusted p alone: p_Holm ≤ {alpha} in the paper's direction: "
+            f"**reproduces**; in the other: **harms here** (**contradicts** only on the paper's own metric); "
+            f"else, when TOST (two one-sided sign-flip tests, Holm-adjusted) bounds the difference inside the "
+            f"metric's declared margin: **bounded null**; else **inconclusive**. Intervals are labelled with "
+            f"their method and true level (the exact sign-flip interval at n pairs has level 1 − 2k/2^n). Every "
+            f"other number in this report (mechanisms, learning, the arm-vs-arm comparison) is **exploratory**: "
+            f"its p is unadjusted and its verdict a lead, not a finding. Methods: docs/STATISTICS.md.")
+
+
+def format_family(df: pd.DataFrame) -> pd.DataFrame:
+    """The primary family as shown at the top of report.md."""
+    unit = " (pp)" if df.attrs.get("scale", 1.0) == 100 else ""
+    return pd.DataFrame({
+        "comparison": df["comparison"],
+        "paper's Δ": [_signed(v, 0) if np.isfinite(v) and float(v).is_integer() else _signed(v)
+                      for v in df["paper_delta"]],
+        f"Δ{unit} [interval, level]": [_fmt_diff_ci(v, lo, hi, n, lv, me, with_level=True) for v, lo, hi, n, lv, me
+                                      in zip(df["mean"], df["lo"], df["hi"], df["n"], df["level"], df["method"])],
+        "pairs": df["n"].astype(int).astype(str),
+        "p": [_fmt_p(v) for v in df["p"]],
+        "p Holm": [_fmt_p(v) for v in df["p_holm"]],
+        f"TOST ±m{unit}, p Holm": [f"±{_fmt(mg, 2 if mg < 1 else 1)}: {_fmt_p(pt)}" if np.isfinite(mg) else "–"
+                                   for mg, pt in zip(df["margin"], df["p_tost_holm"])],
+        "verdict": df["verdict"],
+        "seeds for paper's Δ (80% power, Holm)": [
+            _fmt_need(n, lo, hi, d) for n, lo, hi, d in zip(df["seeds_needed"], df["seeds_needed_lo"],
+                                                           df["seeds_needed_hi"], df["paper_delta"])],
+    })
+
+
 def table1_footnote(df: pd.DataFrame) -> str:
-    """The note under Table 1: which test, which CI, which power assumptions (one paragraph)."""
+    """The note under Table 1: which intervals, which test, which family, which power assumptions."""
     unit = "percentage points" if df.attrs.get("scale", 1.0) == 100 else "the metric's units"
+    ours = ("ours [95% t]: mean over seeds of each run's final value and the 95% Student-t interval over seeds "
+            "(exact for normal seed values; no interval with one seed). Loop: the run's own training-loop time "
+            "(steps and evaluations), not the wall clock between its first and last point.")
     if df.attrs.get("kind", "ladder") != "ladder":
-        return ("Paired columns (Δ vs previous arm, p, seeds needed) are computed for ladders only; "
-                f"this sweep is a {df.attrs.get('kind')}: see compare.md for its pairs.")
-    return (f"Δ vs previous arm: this row − the row above, per seed (pairs = seeds both arms ran; a seed "
-            f"in one arm only is dropped), mean over pairs in {unit}; [95% CI]: percentile bootstrap over the "
-            f"pairs (10,000 resamples, seed 0). p: two-sided exact paired sign-flip permutation test of the "
-            f"mean difference (all 2^n sign flips, n ≤ 16; Monte Carlo above), so with n pairs the smallest "
-            f"possible p is 2/2^n (n = 3: 0.25). Seeds for paper's Δ: paired seeds needed to detect the "
-            f"paper's difference between the same two rows (its Table 1, in points) with 80% power at "
-            f"α = 0.05 two-sided, taking the SD of our per-seed differences as the truth: "
-            f"{SEEDS_NEEDED_METHOD}; never fewer than {min_pairs_sign_flip(ALPHA)}, the fewest pairs with which the "
-            f"exact sign-flip test can reach p ≤ 0.05 at all (2/2^{min_pairs_sign_flip(ALPHA)} = "
-            f"{2 / 2 ** min_pairs_sign_flip(ALPHA):.3f}); – when undefined (fewer than 2 pairs, SD 0, no paper value).")
+        return (ours + " Paired columns are computed for ladders only; this sweep is a "
+                f"{df.attrs.get('kind')}: see the primary family above and compare.md for its pairs.")
+    return (f"{ours} Δ vs previous arm: this row − the row above, per seed (pairs = seeds both arms ran), mean "
+            f"over pairs in {unit}; interval: the exact sign-flip interval (Hartigan's subset means; level "
+            f"1 − 2k/2^n, the nearest at or above 95%, so [min, max] at 96.9% with 6 pairs and 75% with 3; "
+            f"Student-t above 16 pairs). p: two-sided exact paired sign-flip test (all 2^n flips), smallest "
+            f"possible 2/2^n; p Holm: adjusted over the primary family of {df.attrs.get('m', 0)} (each step "
+            f"and the last arm vs the first); verdict: from p Holm and TOST, see the decision rule. Seeds for "
+            f"paper's Δ: the paper's step for the one technique the pair isolates (its Table 1, points), "
+            f"{SEEDS_NEEDED_METHOD}; tested at α/m (Holm's first step), so an upper bound; – when undefined.")
 
 
-def compare_table(tidy: pd.DataFrame, arm_a: str, arm_b: str, *, final_k: int = 3,
-                  n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+def compare_table(tidy: pd.DataFrame, arm_a: str, arm_b: str, *, final_k: int = 3) -> pd.DataFrame:
     """Every logged metric: final value (mean of each run's last final_k points), mean over seeds,
-    for arm_a and arm_b, and ``diff = b − a``. Accuracies in %, other metrics as logged.
+    for arm_a and arm_b, and ``diff = b − a``. Accuracies in %, other metrics as logged. Exploratory.
 
     Columns: metric, unit, <arm_a>, <arm_b>, diff, n_a, n_b, then paired by seed
     (:func:`analysis.stats.paired_diff`, seeds both arms have): paired_diff, paired_lo,
-    paired_hi (95% bootstrap CI over pairs, ``n_boot`` resamples), p (exact sign-flip
-    permutation), n_pairs. Points that are undefined (``metric_names.mask_undefined``: no
+    paired_hi, level, method (the difference's interval), p (two-sided exact sign-flip,
+    unadjusted), n_pairs. Points that are undefined (``metric_names.mask_undefined``: no
     up-clipped token) are left out, not averaged in as 0.
     """
     d = mask_undefined(tidy[tidy["arm"].isin([arm_a, arm_b])])
@@ -229,37 +378,45 @@ def compare_table(tidy: pd.DataFrame, arm_a: str, arm_b: str, *, final_k: int = 
         s = metric_scale(tidy, metric)
         a = agg.loc[metric].get(("mean", arm_a), np.nan) * s
         b = agg.loc[metric].get(("mean", arm_b), np.nan) * s
-        r = paired_diff(by_seed.get((metric, arm_a), empty) * s, by_seed.get((metric, arm_b), empty) * s,
-                        n_boot=n_boot, seed=seed)
+        r = paired_diff(by_seed.get((metric, arm_a), empty) * s, by_seed.get((metric, arm_b), empty) * s)
         rows.append({"metric": metric, "unit": "%" if s == 100 else "", arm_a: a, arm_b: b, "diff": b - a,
                      "n_a": int(np.nan_to_num(agg.loc[metric].get(("count", arm_a), 0))),
                      "n_b": int(np.nan_to_num(agg.loc[metric].get(("count", arm_b), 0))),
-                     "paired_diff": r.mean, "paired_lo": r.lo, "paired_hi": r.hi, "p": r.p, "n_pairs": r.n})
+                     "paired_diff": r.mean, "paired_lo": r.lo, "paired_hi": r.hi,
+                     "level": r.level, "method": r.method, "p": r.p, "n_pairs": r.n})
     return pd.DataFrame(rows, columns=["metric", "unit", arm_a, arm_b, "diff", "n_a", "n_b",
-                                       "paired_diff", "paired_lo", "paired_hi", "p", "n_pairs"])
+                                       "paired_diff", "paired_lo", "paired_hi", "level", "method", "p", "n_pairs"])
 
 
 def paired_line(tidy: pd.DataFrame, off: ArmInfo, on: ArmInfo, metric: str, final_k: int = 3, *,
-                n_boot: int = 10000, seed: int = 0) -> str:
-    """One markdown line: ``on`` − ``off`` on ``metric`` paired over seeds, p, seeds needed for the paper's Δ."""
+                configs: dict | None = None, sweep: SweepInfo | None = None) -> str:
+    """One markdown line: ``on`` − ``off`` on ``metric`` paired over seeds, its interval and level, the
+    unadjusted p, the TOST against the metric's margin and the seeds needed for the paper's Δ
+    (exploratory: a pair of the primary family has its adjusted verdict in the family table)."""
     scale = metric_scale(tidy, metric)
     unit = " pp" if scale == 100 else ""
-    r, paper_delta, need, need_t = paired_arms(run_finals(tidy, metric, final_k), off, on, scale,
-                                               n_boot=n_boot, seed=seed)
+    margin = equivalence_margin(metric)
+    r = paired_diff(_seed_finals(run_finals(tidy, metric, final_k), off.name, scale),
+                    _seed_finals(run_finals(tidy, metric, final_k), on.name, scale), margin=margin)
     if r.n == 0:
         return f"Paired over seeds on `{metric}`: no seed ran in both arms.\n"
-    test = f"exact sign-flip permutation, 2^{r.n} = {2 ** r.n} flips" if r.exact else "Monte Carlo sign flips"
-    ci = f" [95% CI {_signed(r.lo)}, {_signed(r.hi)}]" if r.n > 1 else ""
-    if np.isfinite(paper_delta):
-        need_s = (f"{need} (t-test alone: {need_t}; the exact sign-flip test needs ≥ {min_pairs_sign_flip(ALPHA)} "
-                  f"pairs to reach p ≤ 0.05)" if need is not None else "– (fewer than 2 pairs or no seed variance)")
-        paper = (f"; paper's Δ {_signed(paper_delta, 0 if float(paper_delta).is_integer() else 1)}"
-                 f" points: seeds needed at 80% power (α = 0.05): {need_s}")
+    test = f"exact sign-flip, 2^{r.n} = {2 ** r.n} flips" if r.exact else "Monte Carlo sign flips"
+    ci = f" [{_signed(r.lo)}, {_signed(r.hi)}; {interval_label(r.method, r.level)}]" if r.n > 1 else ""
+    tost = (f"; TOST against ±{_fmt(margin, 2 if margin < 1 else 1)}{unit}: p = {_fmt_p(r.p_tost)}"
+            if margin is not None else "")
+    acfg = flat_arm_configs(tidy, sweep, configs) if sweep is not None else None
+    delta = paper_delta(off, on, acfg)
+    if np.isfinite(delta):
+        need = seeds_needed_sign_flip(r.sd, delta, POWER, ALPHA)
+        lo_sd, hi_sd = sd_interval(r.sd, r.n)
+        lo, hi = (seeds_needed_sign_flip(x, delta, POWER, ALPHA) for x in (lo_sd, hi_sd))
+        paper = (f"; seeds for the paper's Δ ({_fmt_need(need, lo if lo is not None else np.nan, hi if hi is not None else np.nan, delta)}"
+                 f", 80% power, α = 0.05 unadjusted)" if need is not None else "")
     else:
         paper = "; no paper values for this pair, so no seeds-needed"
     return (f"**Paired over seeds** on `{metric}` (n = {r.n} pairs, seeds {', '.join(str(x) for x in r.seeds)}): "
-            f"Δ = {_signed(r.mean)}{unit}{ci}, p = {_fmt_p(r.p)} ({test}; SD of differences "
-            f"{_fmt(r.sd, 2)}{unit}){paper}.\n")
+            f"Δ = {_signed(r.mean)}{unit}{ci}, p = {_fmt_p(r.p)} ({test}, unadjusted; SD of differences "
+            f"{_fmt(r.sd, 2)}{unit}){tost}{paper}.\n")
 
 
 # --------------------------------------------------------------------------- cost ledger
@@ -305,10 +462,7 @@ def cost_ledger(tidy: pd.DataFrame, sweep_info: SweepInfo, configs: dict | None 
     tr = tr.pivot_table(index=["run", "grad_step"], columns="metric", values="value", aggfunc="last")
     trained = ((tr["perf/train_tokens_per_s"] * tr["time/train_s"]).round().groupby(level="run").sum()
                if {"perf/train_tokens_per_s", "time/train_s"} <= set(tr.columns) else pd.Series(dtype=float))
-    ev = tidy.loc[tidy["metric"] == "time/eval_s"]
-    ev0 = ev[ev["rollout_step"].fillna(0) == 0].groupby("run")["value"].sum()
-    steps = _run_sum(tidy, "time/step_s")                  # runs without step times: no loop time at all
-    loop = steps + ev0.reindex(steps.index).fillna(0.0)
+    loop = loop_seconds(tidy)
     m = tidy.loc[tidy["metric"] == metric].dropna(subset=["value"]).sort_values(["run", "grad_step"], kind="stable")
     first = m.groupby("run")["value"].first() * scale
     final = m.groupby("run").tail(final_k).groupby("run")["value"].mean() * scale
