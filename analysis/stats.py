@@ -441,7 +441,7 @@ def _t_ppf():
 SEEDS_NEEDED_METHOD = ("power of the two-sided exact sign-flip test (the test whose p the table prints) by "
                        f"simulation: normal differences with the measured SD, {POWER_SIMS} simulated experiments "
                        f"per n, all 2^n flips up to n = 12 and {POWER_MAX_FLIPS} random ones above; the fewest n "
-                       "with power ≥ 80%; in parentheses the same count at the two ends of the SD's 95% χ² "
+                       "with 80% power; in parentheses the same count at the two ends of the SD's 95% χ² "
                        f"interval (the SD itself comes from the pairs measured); above {SEEDS_MAX_SIMULATED} "
                        "the paired t-test's count")
 """How the seeds-needed column counts, in words (for footnotes)."""

@@ -43,16 +43,37 @@ def test_steps_to_reach_first_crossing_after_training_or_censored():
 
 
 def test_dynamic_sampling_steps_row_on_the_table1_mini_snapshot():
-    """By hand from the snapshot's avg@8 (evaluations every 80 gradient steps, last at 480): the
-    off arm (token_loss) first reaches its own last-quarter mean 0.179 at 240, never, 160, 400, 160,
-    never (seeds 0-5); dynamic sampling at 80, 80, 80, 80, 160, 80. Never = 560, the next evaluation."""
+    """By hand from the snapshot's avg@8 (evaluations every 80 gradient steps, last at 480): the pooled
+    threshold is the mean of the 12 runs' last-quarter means (the last 2 of 6 evaluations after step 0),
+    0.19354; token_loss reaches it only with seed 3 (at 400), dynamic sampling at 400, 240, 160, 240,
+    160, 80 (seeds 0-5). Never = 560, the next evaluation."""
     tidy, configs, sweep = load_snapshot(REPO / "results" / "table1-mini" / "snapshot")
     row = mechanism_table(tidy, sweep, configs).set_index("mechanism").loc["dynamic sampling"]
-    diffs = np.array([80 - 240, 80 - 560, 80 - 160, 80 - 400, 160 - 160, 80 - 560])
+    diffs = np.array([400 - 560, 240 - 560, 160 - 560, 240 - 400, 160 - 560, 80 - 560])
     assert row.n == 6 and row.value == pytest.approx(diffs.mean())
-    assert row.p == pytest.approx(2 / 2 ** 5)      # 5 non-zero differences, all negative
-    assert row.acts and row.hi < 0
-    assert "2 runs never reach it and count as 560" in row.evidence
+    assert row.p == pytest.approx(2 / 2 ** 6)      # 6 differences, all negative
+    assert (row.lo, row.hi) == (diffs.min(), diffs.max()) and row.level == pytest.approx(62 / 64)
+    assert row.verdict == "acts" and row.predicts == "falls"
+    assert "≥ 19.4% (pooled" in row.evidence and "resolution 80 steps" in row.evidence
+    assert "5 runs never reach it and count as 560" in row.evidence
+
+
+def test_steps_to_reach_row_is_unchanged_when_the_arms_swap():
+    """The pooled threshold is symmetric in the two arms: swapping which arm has dynamic sampling
+    negates the difference and keeps p (the sign-flip test is exact)."""
+    tidy, configs, sweep = load_snapshot(REPO / "results" / "table1-mini" / "snapshot")
+    row = mechanism_table(tidy, sweep, configs).set_index("mechanism").loc["dynamic sampling"]
+    swap = {"token_loss": "dynamic_sampling", "dynamic_sampling": "token_loss"}
+    t2 = tidy.assign(arm=tidy["arm"].map(lambda a: swap.get(a, a)))
+    c2 = {r: dict(c) for r, c in configs.items()}
+    runs = tidy[["run", "arm"]].drop_duplicates().set_index("run")["arm"]
+    for r, arm in runs.items():                     # swap the configs with the arms' names
+        if arm in swap:
+            other = runs[runs == swap[arm]].index[0]
+            c2[r] = configs[other]
+    back = mechanism_table(t2, sweep, c2).set_index("mechanism").loc["dynamic sampling"]
+    assert back.evidence.split(" (pooled")[0] == row.evidence.split(" (pooled")[0]   # the same threshold
+    assert back.value == pytest.approx(-row.value) and back.p == pytest.approx(row.p)
 
 
 @pytest.fixture(scope="module")
@@ -65,16 +86,17 @@ def v1():
 def test_v1_snapshot_reads_as_its_reading_says(v1):
     rows = {(r.mechanism, r.evidence.split(",")[0]): r for r in v1.itertuples()}
     binds = rows[("Clip-Higher binds", "up-clipped tokens at ε_high 0.2")]
-    assert binds.value == 0 and not binds.acts and binds.arms == "overlong_filter"
+    assert binds.value == 0 and binds.verdict == "not shown" and binds.arms == "overlong_filter"
     same = rows[("Clip-Higher → entropy", "train/entropy")]
-    assert same.value == 0 and same.p == 1.0 and not same.acts  # bit-identical arms
+    assert same.value == 0 and same.p == 1.0 and same.verdict == "inconclusive"  # bit-identical arms, 3 seeds
     cost = rows[("dynamic sampling: cost", "generated tokens per rollout step")]
-    assert 2.0 < cost.value < 3.0 and cost.acts  # ≈ 2.5x the generation, as the v1 reading says
+    assert 2.0 < cost.value < 3.0 and cost.verdict == "acts"  # ≈ 2.5x the generation, as the v1 reading says
     spread = rows[("length spread", "longest / mean response length in a batch (acts: > 2)")]
-    assert 1.2 < spread.value < 1.6 and not spread.acts  # 20-40 token responses: no spread
+    assert 1.2 < spread.value < 1.6 and spread.verdict == "not shown"  # 20-40 token responses: no spread
     assert set(v1["figure"]) <= {f"fig{i}" for i in range(1, 9)}
     shown = format_mechanisms(v1)
-    assert list(shown.columns) == ["mechanism", "evidence", "arm(s)", "value [95% CI]", "p", "seeds", "acts", "figure"]
+    assert list(shown.columns) == ["mechanism", "evidence", "arm(s)", "value [interval]", "predicts", "p (test)",
+                                   "seeds", "verdict (exploratory)", "figure"]
 
 
 def test_a_pair_that_changes_several_techniques_says_so():
@@ -90,3 +112,6 @@ def test_a_pair_that_changes_several_techniques_says_so():
     assert "soft_punish" not in soft.arms.split("(")[1]          # the row's own technique is not "also"
     exact = mechanism_table(tidy, sweep, configs)                  # the full ladder: one toggle per pair
     assert not exact["arms"].str.contains("also differ").any()
+    assert (df.loc[df["arms"].str.contains("also differ") & df["p"].notna()
+                   & ~df["mechanism"].str.contains("cost"), "verdict"] == "not isolated").all()
+    assert not (exact["verdict"] == "not isolated").any()

@@ -62,15 +62,23 @@ def test_table1_paired_columns_by_hand():
     b = t.loc["b"]
     assert b["n_pairs"] == 3                                                        # seed 3 (b only) dropped
     assert b["d_prev"] == pytest.approx(2.0) and b["p_prev"] == pytest.approx(0.25)   # d = [1, 2, 3] pp
+    # 3 pairs: the exact sign-flip interval is [min, max] and its level is 1 − 2/8 = 75%, said so
+    assert (b["d_lo"], b["d_hi"], b["d_level"], b["d_method"]) == (1.0, 3.0, 0.75, "sign-flip")
     assert b["sd_prev"] == pytest.approx(1.0) and b["paper_delta"] == 6.0
-    # sd/Δ = 1/6: n = 2 → ((12.706 + 1.376)/6)² = 5.5 > 2; n = 3 → ((4.303 + 1.061)/6)² = 0.80 ≤ 3
-    from analysis.stats import _t_ppf
-    assert b["seeds_needed_t"] == (3 if _t_ppf() is not None else 2 + 1)          # without scipy: n₀ + 1
-    assert b["seeds_needed"] == 6                                                   # the sign-flip test's floor
+    # the family: a→b (p 1/4), b→c (p 1), a→c (c − a = b − a: p 1/4); Holm: 3·1/4, max(3·1/4, 2·1/4), 1
+    assert b["p_holm"] == pytest.approx(0.75) and t.loc["c", "p_holm"] == pytest.approx(1.0)
+    assert b["verdict"] == "inconclusive"
+    # α/m = 0.05/3: the exact test needs 2/2^n ≤ 0.0167 → n ≥ 7, and Δ/SD = 6 has power ≈ 1 there
+    assert b["seeds_needed"] == 7 and b["seeds_needed_lo"] == 7 and b["seeds_needed_hi"] > 7
     assert b["ours"] == pytest.approx(np.mean([41, 52, 63, 90]))                    # the arm's own mean keeps seed 3
+    assert b["ci_lo"] < b["ours"] < b["ci_hi"]                                      # 95% t over the arm's 4 seeds
+    from scipy.stats import t as student
+    v = np.array([41, 52, 63, 90.0])
+    assert b["ci_hi"] - b["ours"] == pytest.approx(student.ppf(0.975, 3) * v.std(ddof=1) / 2)
     c = t.loc["c"]
     assert c["d_prev"] == 0.0 and c["p_prev"] == 1.0 and c["sd_prev"] == 0.0
     assert math.isnan(c["seeds_needed"])                                            # SD 0: "–", not a crash
+    assert t.loc["a", "wall_min"] == pytest.approx(45 / 60)                         # loop: 4 steps × 10 s + eval 5 s
 
 
 def test_table1_paired_columns_only_for_ladders():
@@ -78,22 +86,37 @@ def test_table1_paired_columns_only_for_ladders():
     t = table1(_tidy(), _sweep("grid"), final_k=2)
     assert t["d_prev"].isna().all() and t["seeds_needed"].isna().all()
     assert "ladders only" in table1_footnote(t)
-    assert (format_table1(t)["p (paired perm.)"] == "–").all()
+    assert not any(c.startswith("p (") for c in format_table1(t).columns)
 
 
 def test_format_table1_shows_the_paired_columns_and_the_footnote_names_the_test():
     from analysis.tables import format_table1, table1, table1_footnote, to_markdown
     t = table1(_tidy(), _sweep(), final_k=2)
     shown = format_table1(t)
-    assert shown["Δ vs previous arm (pp) [95% CI]"].tolist()[0] == "–"
-    assert shown["Δ vs previous arm (pp) [95% CI]"].tolist()[1].startswith("+2.0 [")
-    assert shown["p (paired perm.)"].tolist() == ["–", "0.250", "1.000"]
-    assert shown["seeds for paper's Δ (80% power)"].tolist() == ["–", "6 (for +6)", "–"]
+    col = "Δ vs previous arm (pp) [75% sign-flip]"                  # one level in every cell: it goes in the header
+    assert shown[col].tolist()[0] == "–"
+    assert shown[col].tolist()[1] == "+2.0 [+1.0, +3.0]"
+    assert shown["p (sign-flip)"].tolist() == ["–", "0.250", "1.000"]
+    assert shown["p Holm (family of 3)"].tolist() == ["–", "0.750", "1.000"]
+    assert shown["verdict"].tolist() == ["–", "inconclusive", "inconclusive"]
+    assert shown["seeds for paper's Δ (80% power, Holm)"].tolist()[1].startswith("7 (7–")
     md = to_markdown(shown)
-    assert md.count("\n") == 2 + 3 and "grad steps" in md and "ours [95% CI]" in md   # old columns kept
+    assert md.count("\n") == 2 + 3 and "grad steps" in md and "ours [95% t]" in md
     note = table1_footnote(t)
-    for words in ("sign-flip permutation", "percentile bootstrap over the pairs", "80% power", "α = 0.05", "2/2^n"):
+    for words in ("sign-flip", "Hartigan", "Holm", "80% power", "2/2^n", "Student-t"):
         assert words in note
+
+
+def test_family_table_declares_its_comparisons_and_decides_from_holm():
+    from analysis.tables import decision_rule, family_table, format_family
+    f = family_table(_tidy(), _sweep(), final_k=2)
+    assert [(r.off, r.on) for r in f.itertuples()] == [("a", "b"), ("b", "c"), ("a", "c")]
+    assert f.attrs["m"] == 3
+    np.testing.assert_allclose(f["p_holm"], [0.75, 1.0, 0.75])
+    assert (f["verdict"] == "inconclusive").all()
+    shown = format_family(f)
+    assert shown.loc[0, "Δ (pp) [interval, level]"] == "+2.0 [+1.0, +3.0] 75% sign-flip"
+    assert "3 comparisons" in decision_rule(3) and "Holm" in decision_rule(3)
 
 
 def test_compare_table_paired_columns():
@@ -111,7 +134,8 @@ def test_paired_line_states_the_numbers_and_the_test():
     s = _sweep()
     line = paired_line(_tidy(), s.arms[0], s.arms[1], METRIC, final_k=2)
     assert "n = 3 pairs" in line and "Δ = +2.0 pp" in line and "p = 0.250" in line
-    assert "exact sign-flip permutation, 2^3 = 8 flips" in line and "paper's Δ +6 points" in line
+    assert "[+1.0, +3.0; 75% sign-flip]" in line and "unadjusted" in line
+    assert "exact sign-flip, 2^3 = 8 flips" in line and "for +6" in line and "TOST against ±1.0 pp" in line
     back = paired_line(_tidy(), s.arms[1], s.arms[0], METRIC, final_k=2)
     assert "Δ = −2.0 pp" in back and "p = 0.250" in back                             # swapped: negated, same p
 
