@@ -24,7 +24,7 @@ Count = Union[int, float, Tensor]  # a token or sequence count; may be a 0-dim t
 __all__ = [
     "AGG_MODES", "KL_KINDS", "aggregate", "avg_at_k", "cons_at_k", "group_advantages",
     "group_stats", "informative_groups", "kl_penalty", "logprobs_from_logits",
-    "majority_vote", "overlong_mask", "pass_at_k", "policy_loss", "soft_overlong_penalty",
+    "majority_answers", "overlong_mask", "pass_at_k", "policy_loss", "soft_overlong_penalty",
     "token_entropy",
 ]
 
@@ -388,24 +388,32 @@ def avg_at_k(correct: Sequence[bool]) -> float:
     return sum(map(bool, correct)) / len(correct) if len(correct) else 0.0
 
 
-def majority_vote(answers: Sequence[Optional[str]]) -> Optional[str]:
-    """Most common non-None answer; ties go to the one seen first; None if there is none."""
+def majority_answers(answers: Sequence[Optional[str]]) -> list[str]:
+    """The answers with the most votes: [k] answers -> the m ≥ 1 tied for the top count, in
+    first-seen order; None (no answer extracted) never votes, so [] if every answer is None."""
     counts = Counter(a for a in answers if a is not None)  # keeps first-seen order
-    if not counts:
-        return None
-    top = max(counts.values())
-    return next(a for a, n in counts.items() if n == top)
+    top = max(counts.values(), default=0)
+    return [a for a, n in counts.items() if n == top]
 
 
 def cons_at_k(answers: Sequence[Optional[str]], correct: Sequence[bool]) -> float:
-    """cons@k: 1.0 if the majority answer is a correct one, else 0.0.
+    """cons@k of one problem: the expected correctness of the majority-vote answer, ties broken
+    uniformly at random.
 
-    answers: the k extracted answers (e.g. `dapo.rewards.extract_answer`); correct: [k] whether
-    each sample was scored correct. The majority answer's correctness is read off its first sample.
+    answers: [k] extracted answers (e.g. `dapo.rewards.extract_answer`; None never wins a vote);
+    correct: [k] whether each sample was scored correct. With m answers tied for the most votes
+    (`majority_answers`), each wins with probability 1/m, so cons@k = (correct ones among the m) / m:
+    1.0 or 0.0 without a tie, 0.5 for a 2-way tie with one correct, 1/3 for a 3-way tie with one;
+    0.0 if every answer is None. Correctness belongs to a sample: an answer's is read off its first
+    sample (its samples share the answer, so the `dapo` scorer, which reads only that answer,
+    scores them all alike).
     """
     if len(answers) != len(correct):
         raise ValueError(f"answers and correct differ in length: {len(answers)} vs {len(correct)}")
-    winner = majority_vote(answers)
-    if winner is None:
+    tied = majority_answers(answers)
+    if not tied:
         return 0.0
-    return 1.0 if correct[list(answers).index(winner)] else 0.0
+    first: dict[str, bool] = {}                   # answer -> correctness of its first sample
+    for a, c in zip(answers, correct):
+        first.setdefault(a, bool(c))
+    return sum(first[a] for a in tied) / len(tied)

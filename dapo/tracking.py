@@ -48,6 +48,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -394,12 +395,29 @@ class Tracker:
         for i in range(0, len(items), 100):
             self._call(self.client.log_batch, self.run_uuid, params=items[i:i + 100], what="log params")
 
-    def log_artifact(self, path: str | os.PathLike) -> None:
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        """Upload a file into the run's artifacts (under the folder ``artifact_path``, if given);
+        a file of the same name there is replaced."""
         if self.enabled:
             try:
-                self.client.log_artifact(self.run_uuid, str(path))
+                self.client.log_artifact(self.run_uuid, str(path), artifact_path)
             except Exception as exc:  # artifacts are a convenience; never kill a run for one
                 print(f"[tracking] could not upload artifact {path}: {exc}")
+
+    def log_table(self, columns: dict[str, list], artifact_file: str) -> None:
+        """A table artifact the MLflow UI shows (``MlflowClient.log_table``: ``artifact_file`` ends in
+        ``.json``). MLflow appends to an existing table, so a table already there (the same step
+        logged before a crash and a resume) is left as it is."""
+        if self.enabled:
+            try:
+                folder = artifact_file.rpartition("/")[0] or None
+                if artifact_file in {f.path for f in self.client.list_artifacts(self.run_uuid, folder)}:
+                    return
+                with warnings.catch_warnings():   # MLflow's own use of pandas 3 (select_dtypes "object")
+                    warnings.filterwarnings("ignore", message="For backward compatibility, 'str' dtypes")
+                    self.client.log_table(self.run_uuid, columns, artifact_file)
+            except Exception as exc:  # a convenience, like log_artifact
+                print(f"[tracking] could not log table {artifact_file}: {exc}")
 
     # ---------------------------------------------------------------- metrics
     def record(self, metrics: dict[str, float], *, rollout_step: int, grad_step: int) -> None:

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from dapo import algo, faults
+from dapo import algo, eval_records, faults
 from dapo.base_model import resolve_policy_path
 from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dapo.config import Config, config_hash, flatten, to_dict
@@ -210,9 +210,24 @@ def _update(run: Run, batch, old_lp, adv, loss_mask, r: int):
 
 
 def _evaluate(run: Run, r: int) -> dict[str, float]:
-    """avg/pass/cons@k on every eval set; every rank calls it (generation is split over the ranks)."""
-    return evaluate(run.engine, run.eval_sets, run.prompt_tokens, run.cfg,
-                    seed=round_seed(run.cfg.train.seed, r, 0, salt=99))
+    """avg/pass/cons@k on every eval set; every rank calls it (generation is split over the ranks);
+    rank 0 keeps the per-sample records."""
+    ev, records = evaluate(run.engine, run.eval_sets, run.prompt_tokens, run.cfg,
+                           seed=round_seed(run.cfg.train.seed, r, 0, salt=99))
+    if run.is_main:
+        _save_eval_records(run, r, records)
+    return ev
+
+
+def _save_eval_records(run: Run, r: int, records: list[dict[str, Any]]) -> None:
+    """An evaluation's records (dapo.eval_records) into ``<run dir>/eval_records/eval-step<r>.jsonl.gz``,
+    atomically (rollout step r evaluated again after a resume replaces its file: no sample twice),
+    and into MLflow: the file under ``eval_records/``, and a table for the UI."""
+    for rec in records:
+        rec.update(step=r, grad_step=run.state["grad_step"])
+    path = eval_records.write_records(eval_records.records_path(run.run_dir, r), records)
+    run.tracker.log_artifact(path, eval_records.DIRNAME)
+    run.tracker.log_table(eval_records.table_columns(records), f"{eval_records.DIRNAME}/step{r:05d}.json")
 
 
 def _tokens(batch, resp_mask: torch.Tensor, cfg: Config) -> tuple[int, int]:

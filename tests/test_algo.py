@@ -656,13 +656,43 @@ def test_pass_at_k_reference_by_enumeration(n):
             assert algo.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 
 
-def test_majority_vote_avg_and_cons():
-    assert algo.majority_vote(["a", "b", None, "b", "a"]) == "a"  # tie -> first seen
-    assert algo.majority_vote([None, "7", "3", "3"]) == "3"
-    assert algo.majority_vote([None, None]) is None and algo.majority_vote([]) is None
+def test_majority_answers_avg_and_cons():
+    assert algo.majority_answers(["a", "b", None, "b", "a"]) == ["a", "b"]  # a tie: both, first-seen order
+    assert algo.majority_answers([None, "7", "3", "3"]) == ["3"]
+    assert algo.majority_answers([None, None, None, "4"]) == ["4"]            # None never votes
+    assert algo.majority_answers([None, None]) == [] and algo.majority_answers([]) == []
     assert algo.avg_at_k([True, False, True, True]) == 0.75 and algo.avg_at_k([]) == 0.0
+    # no tie: the majority answer's correctness
     assert algo.cons_at_k(["5", "3", "3", None], [True, False, False, False]) == 0.0
     assert algo.cons_at_k(["5", "3", "5", None], [True, False, True, False]) == 1.0
-    assert algo.cons_at_k([None, None], [False, False]) == 0.0
+    assert algo.cons_at_k([None, None, "5"], [False, False, True]) == 1.0     # 1 vote beats 2 Nones
+    # 2-way tie "5" (correct) vs "3": each wins half the time -> 1/2, whichever comes first
+    assert algo.cons_at_k(["5", "3", "3", "5"], [True, False, False, True]) == 0.5
+    assert algo.cons_at_k(["3", "5", None, "3", "5"], [False, True, False, False, True]) == 0.5
+    # 3-way tie "1", "2", "7" (only "7" correct), a lone None beside them -> 1/3
+    assert algo.cons_at_k(["1", "2", "7", None], [False, False, True, False]) == pytest.approx(1 / 3)
+    assert algo.cons_at_k(["1", "7", "2", "2", "7", "1"], [False, True, False, False, True, False]) == pytest.approx(1 / 3)
+    # 2-way tie with both correct (two spellings the scorer accepts) -> 1; both wrong -> 0
+    assert algo.cons_at_k(["8", "8.0"], [True, True]) == 1.0
+    assert algo.cons_at_k(["1", "2"], [False, False]) == 0.0
+    # an answer's correctness is read off its first sample
+    assert algo.cons_at_k(["5", "5", "3"], [True, False, False]) == 1.0
+    assert algo.cons_at_k([None, None], [False, False]) == 0.0 and algo.cons_at_k([], []) == 0.0
     with pytest.raises(ValueError):
         algo.cons_at_k(["1"], [True, False])
+
+
+def test_cons_at_k_is_the_mean_over_every_tie_break():
+    """By enumeration: cons@k = the mean, over the tied answers each taken as the winner, of
+    the winner's correctness (a uniformly random tie-break)."""
+    import random
+    rng = random.Random(0)
+    for _ in range(300):
+        k = rng.randint(1, 7)
+        answers = [rng.choice([None, "1", "2", "3"]) for _ in range(k)]
+        truth = rng.choice(["1", "2", "3"])
+        correct = [a == truth for a in answers]
+        votes = {a: answers.count(a) for a in answers if a is not None}
+        winners = [a for a in votes if votes[a] == max(votes.values())]
+        expected = sum(w == truth for w in winners) / len(winners) if winners else 0.0
+        assert algo.cons_at_k(answers, correct) == pytest.approx(expected, abs=1e-12)
