@@ -181,7 +181,8 @@ PAPER_OLD_VALUES = ["rollout.gpu_memory_utilization=0.6", "train.max_tokens_per_
                     "launch.pg_timeout_s=600"]
 SWEEP_IDS = {  # sha256 of the comma-joined run ids of `expand`, first 12 hex digits
     "clip-higher-eps-mini": "cd20f74d4b1f", "demo": "6ebc4c17eb2a", "grpo-vs-dapo-mini": "9d07188d964c",
-    "leave-one-out-mini": "1b0574efeb70", "smoke-slurm": "e3e0f9530f95", "table1-mini": "4fe12b3f0605",
+    "leave-one-out-mini": "1b0574efeb70", "smoke-slurm": "e3e0f9530f95",
+    "table1-mini": "d7b696119bd8",  # seeds 0-9; its seeds 0-5 below are the runs of the first snapshot
     "table1-mini-v1": "7af609a6adbe",  # the v1 regime: the same runs as results/table1-mini-v1
     "clip-higher-stress-mini": "0e2caa91fe82",  # the runs behind results/clip-higher-stress-mini
     "smollm2-mini": "478ffedda72e",  # the runs behind results/smollm2-mini
@@ -204,12 +205,22 @@ def test_paper_experiment_hashes_with_old_values_are_unchanged(name):
     assert config_hash(load_config(path)) != PAPER_HASHES[name]  # the shipped values are new
 
 
+SWEEP_IDS_FIRST_SEEDS = {"table1-mini": (6, "4fe12b3f0605")}
+"""A sweep extended with more seeds: the run ids of its first seeds, pinned before the extension."""
+
+
 @pytest.mark.parametrize("name", sorted(SWEEP_IDS))
 def test_shipped_sweep_run_ids_are_unchanged(name, tmp_path):
     import hashlib
-    from dapo.sweep_spec import expand
-    ids = ",".join(j.run_id for j in expand(REPO / "sweeps" / f"{name}.yaml", tmp_path))
+    from dapo.sweep_spec import expand, load_spec
+    jobs = expand(REPO / "sweeps" / f"{name}.yaml", tmp_path)
+    ids = ",".join(j.run_id for j in jobs)
     assert hashlib.sha256(ids.encode()).hexdigest()[:12] == SWEEP_IDS[name]
+    if name in SWEEP_IDS_FIRST_SEEDS:
+        k, pin = SWEEP_IDS_FIRST_SEEDS[name]
+        first = set(load_spec(REPO / "sweeps" / f"{name}.yaml").seeds[:k])
+        ids = ",".join(j.run_id for j in jobs if j.seed in first)
+        assert hashlib.sha256(ids.encode()).hexdigest()[:12] == pin
 
 
 def test_resource_knobs_are_not_in_the_run_id_but_the_token_budget_is():

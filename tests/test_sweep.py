@@ -445,3 +445,22 @@ def test_status_when_sacct_is_silent(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(launcher, "_sacct", lambda ids: {})             # sacct answers but forgot the jobs
     rows = launcher.status(spec, tmp_path)
     assert {r["state"] for r in rows} == {"failed"} and "unknown to sacct" in rows[0]["detail"]
+
+
+def test_seeds_option_runs_a_subset_with_the_same_run_ids(tmp_path, capsys):
+    """`--seeds 6-9` extends a sweep whose other seeds ran elsewhere: the jobs are exactly the full
+    expansion's jobs of those seeds (same run ids); a seed outside the spec is one error line, exit 2."""
+    from dapo.sweep import parse_seeds
+    assert parse_seeds("6-9") == (6, 7, 8, 9) and parse_seeds("0,2-3,2") == (0, 2, 3)
+    for bad in ("9-6", "a", "1,,2", "-1"):
+        with pytest.raises(ConfigError, match="--seeds"):
+            parse_seeds(bad)
+    spec = REPO / "sweeps" / "table1-mini.yaml"
+    full = {(j.arm, j.seed): j.run_id for j in expand(spec, tmp_path)}
+    assert sweep_main(["expand", str(spec), "--seeds", "6-9", "--json", "--output", str(tmp_path)]) == 0
+    sub = json.loads(capsys.readouterr().out)
+    assert len(sub) == 6 * 4 and {j["seed"] for j in sub} == {6, 7, 8, 9}
+    assert all(full[(j["arm"], j["seed"])] == j["run_id"] for j in sub)
+    assert sweep_main(["expand", str(spec), "--seeds", "6-12", "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "[10, 11, 12] are not in" in err
