@@ -43,7 +43,7 @@ import pandas as pd
 from .mechanisms import MECHANISMS_NOTE, format_mechanisms, mechanism_table
 from .learning import LEARNING_NOTE, format_learning, learning_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
-from .runs import SweepInfo, load_runs, load_snapshot, read_meta, snapshot
+from .runs import SweepInfo, load_runs, load_snapshot, merge_snapshot, read_meta, snapshot
 from .metric_names import primary_metric
 from .stats import BAND_METHOD
 from .tables import (COST_NOTE, compare_table, cost_ledger, decision_rule, family_table, format_cost, format_family,
@@ -177,7 +177,9 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              f"`{t1.attrs.get('metric')}`",
              "- generated from the runs as snapshotted " + (meta.get("created") or "(no snapshot date)")
              + (f" from {meta['mlflow_uri']}" if meta.get("mlflow_uri") else "")
-             + (f"; analysis commit {meta['commit']}" if meta.get("commit") else ""),
+             + (f"; analysis commit {meta['commit']}" if meta.get("commit") else "")
+             + "".join(f"; plus {m['n_runs']} runs from the snapshot of {m.get('created')} (commit {m.get('commit')})"
+                       for m in meta.get("merged") or []),
              "", decision_rule(int(fam.attrs.get("m", len(fam)))), "",
              "## The primary family", "",
              to_markdown(format_family(fam)) if len(fam) else "Fewer than two arms with runs: no comparison.",
@@ -256,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--formats", default="png,pdf", help="figure formats, comma-separated (default: png,pdf)")
     p.add_argument("--reading", metavar="FILE", help="a markdown file with the human reading to embed")
     p.add_argument("--no-snapshot", action="store_true", help="do not write a snapshot when reading MLflow")
+    p.add_argument("--with-snapshot", action="append", default=[], metavar="DIR",
+                   help="also take the runs of an earlier snapshot that the store does not have (by run id): a "
+                        "sweep extended with more seeds whose first seeds ran elsewhere (repeatable; recorded in "
+                        "meta.json's 'merged')")
     p.add_argument("--finished-only", action="store_true",
                    help="only runs that have finished (a sweep still running: its partial runs left out)")
     return p
@@ -350,6 +356,13 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
             tidy, configs = load_runs(uri, name, finished_only=args.finished_only)
         except ValueError as exc:                 # no such experiment: the message lists the ones there
             raise InputError(str(exc)) from None
+        merged = []
+        for d in args.with_snapshot:
+            if not (Path(d) / "runs.parquet").exists():
+                raise InputError(f"--with-snapshot {d}: no snapshot there (runs.parquet missing)")
+            tidy, configs, rec = merge_snapshot(tidy, configs, d)
+            merged.append(rec)
+            print(f"[figures] {rec['n_runs']} runs added from {d} (commit {rec['commit']})", file=sys.stderr)
         if tidy.empty:
             print(f"[figures] sweep {name!r} has no logged points yet", file=sys.stderr)
             return 1
@@ -361,7 +374,7 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
         if not args.no_snapshot:
             cmd = "dapo figures " + " ".join(shlex.quote(a) for a in argv)
             snap = snapshot(tidy, configs, sweep, out / "snapshot", command=cmd, commit=commit,
-                            tracking_uri=uri)
+                            tracking_uri=uri, extra={"merged": merged} if merged else None)
             meta = read_meta(snap)
             print(f"[figures] snapshot: {snap}")
     reading = Path(args.reading).read_text() if args.reading else None

@@ -45,7 +45,7 @@ import pandas as pd
 from dapo.sweep_spec import KINDS as SWEEP_KINDS
 
 __all__ = [
-    "ArmInfo", "SweepInfo", "TIDY_COLUMNS", "load_runs", "snapshot", "load_snapshot",
+    "ArmInfo", "SweepInfo", "TIDY_COLUMNS", "load_runs", "snapshot", "load_snapshot", "merge_snapshot",
     "arm_order", "normalize_tidy", "read_meta",
 ]
 
@@ -375,8 +375,9 @@ def _json_default(o: Any) -> Any:
 
 def snapshot(tidy: pd.DataFrame, configs: dict[str, dict], sweep_info: SweepInfo | None,
              out_dir: str | Path, command: str = "", commit: str = "",
-             tracking_uri: str | None = None) -> Path:
-    """Freeze runs into ``out_dir`` (usually ``results/<sweep>/snapshot``); returns the dir."""
+             tracking_uri: str | None = None, extra: dict | None = None) -> Path:
+    """Freeze runs into ``out_dir`` (usually ``results/<sweep>/snapshot``); returns the dir.
+    ``extra``: more keys for meta.json (e.g. ``merged``: the earlier snapshots whose runs were added)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     normalize_tidy(tidy).to_parquet(out / "runs.parquet", index=False)
@@ -391,6 +392,7 @@ def snapshot(tidy: pd.DataFrame, configs: dict[str, dict], sweep_info: SweepInfo
         "n_runs": int(tidy["run"].nunique()),
         "n_points": int(len(tidy)),
         "arms": arm_order(tidy),
+        **(extra or {}),
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1, default=_json_default))
     return out
@@ -403,6 +405,23 @@ def load_snapshot(snapshot_dir: str | Path) -> tuple[pd.DataFrame, dict[str, dic
     configs = json.loads((d / "configs.json").read_text())
     sweep = json.loads((d / "sweep.json").read_text())
     return tidy, configs, (SweepInfo.from_dict(sweep) if sweep else None)
+
+
+def merge_snapshot(tidy: pd.DataFrame, configs: dict[str, dict], snapshot_dir: str | Path
+                   ) -> tuple[pd.DataFrame, dict[str, dict], dict]:
+    """``tidy``/``configs`` plus the runs of an earlier snapshot that they do not have (matched by
+    ``run_id``, the config hash: a run in both is taken from ``tidy``, the live store), and a record
+    of what was added: ``{dir, commit, created, command, n_runs}`` for meta.json's ``merged`` list."""
+    old, old_cfg, _ = load_snapshot(snapshot_dir)
+    have = set(tidy["run_id"].astype(str)) if len(tidy) else set()
+    add = old[~old["run_id"].astype(str).isin(have)]
+    runs = set(add["run"])
+    merged = normalize_tidy(pd.concat([old.iloc[:0], tidy, add], ignore_index=True)) if len(add) else tidy
+    cfg = {**{r: c for r, c in old_cfg.items() if r in runs}, **configs}
+    m = read_meta(snapshot_dir)
+    rec = {"dir": str(snapshot_dir), "commit": m.get("commit"), "created": m.get("created"),
+           "command": m.get("command"), "n_runs": len(runs)}
+    return merged, cfg, rec
 
 
 def read_meta(snapshot_dir: str | Path) -> dict:

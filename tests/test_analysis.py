@@ -672,3 +672,22 @@ def test_cli_finished_only_leaves_out_runs_still_running(tmp_path):
         assert main(["--tracking-uri", uri, "--sweep", SWEEP, "--to", str(out), "--formats", "png", *flag]) == 0
         parquet, report = runs_of(out)
         assert f"| {seeds} " in report and pd.read_parquet(parquet)["seed"].nunique() == len(seeds.split(", "))
+
+
+def test_with_snapshot_adds_the_runs_the_store_lacks(tmp_path):
+    """A sweep extended with more seeds: the figures take the live store's runs, plus the earlier
+    snapshot's runs it does not have (by run id: a run in both comes from the store), and meta.json
+    records what was merged."""
+    from analysis.runs import merge_snapshot
+    def rows(run, run_id, seed, v):
+        return [dict(run=run, run_id=run_id, sweep="s", arm="a", seed=seed, rollout_step=1, grad_step=1,
+                     time=0.0, metric="m", value=v)]
+    old = normalize_tidy(pd.DataFrame(rows("u1", "id0", 0, 1.0) + rows("u2", "id1", 1, 2.0)))
+    snap = snapshot(old, {"u1": {"x": 1}, "u2": {"x": 2}}, None, tmp_path / "old", command="c0", commit="abc")
+    live = normalize_tidy(pd.DataFrame(rows("u3", "id1", 1, 5.0) + rows("u4", "id2", 2, 3.0)))
+    tidy, configs, rec = merge_snapshot(live, {"u3": {"x": 3}, "u4": {"x": 4}}, snap)
+    assert sorted(tidy["run_id"]) == ["id0", "id1", "id2"]
+    assert tidy.set_index("run_id").loc["id1", "value"] == 5.0              # the store's copy wins
+    assert set(configs) == {"u1", "u3", "u4"} and rec["n_runs"] == 1 and rec["commit"] == "abc"
+    out = snapshot(tidy, configs, None, tmp_path / "new", extra={"merged": [rec]})
+    assert read_meta(out)["merged"][0]["n_runs"] == 1 and read_meta(out)["n_runs"] == 3
