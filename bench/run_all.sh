@@ -12,10 +12,10 @@ PY=.venv/bin/python
 export OMP_WAIT_POLICY=PASSIVE TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
   TRL="--smoke"; FLOPS="--smoke"; ROLL="--prompts 4 --n 2 --max-tokens 8 --repeats 1 --hf-repeats 1"; ANA="--steps 20 --seeds 1"
-  TRACK="--writers 2 --steps 20 --metrics 5 --stores sqlite --out /dev/null"
+  TRACK="--writers 2 --steps 20 --metrics 5 --stores sqlite --out /dev/null"; COV="--reps 200"
   OUT=results/bench/quick.md
 else
-  TRL="--json results/bench/trl.json"; FLOPS="--micro 8,16,64 --repeats 2"; ROLL=""; ANA=""; TRACK=""
+  TRL="--json results/bench/trl.json"; FLOPS="--micro 8,16,64 --repeats 2"; ROLL=""; ANA=""; TRACK=""; COV=""
   OUT=results/bench/latest.md
 fi
 { echo "# make bench, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- dapo bench || echo ' (+ uncommitted changes)')"
@@ -30,6 +30,8 @@ fi
   $PY -m bench.step_breakdown || echo "step_breakdown FAILED"; echo
   echo '```'; echo "\$ python -m bench.bench_analysis $ANA"; echo '```'
   $PY -m bench.bench_analysis $ANA || echo "bench_analysis FAILED"; echo
+  echo '```'; echo "\$ python -m bench.bench_coverage $COV"; echo '```'
+  $PY -m bench.bench_coverage $COV || echo "bench_coverage FAILED"; echo
   echo '```'; echo "\$ python -m bench.bench_tracking $TRACK"; echo '```'
   $PY -m bench.bench_tracking $TRACK || echo "bench_tracking FAILED"; echo
   echo '```'; echo "\$ python -m bench.scaling_sketch"; echo '```'
