@@ -504,7 +504,7 @@ def format_cost(df: pd.DataFrame) -> pd.DataFrame:
         "generated tokens/run": [_fmt_count(v) for v in df["gen_tokens"]],
         "trained tokens/run": [_fmt_count(v) for v in df["trained_tokens"]],
         "threads": [_fmt(v, 0) for v in df["threads"]],
-        "thread-s/run (wall × threads)": [_fmt(v, 0) for v in df["thread_s"]],
+        "thread-s/run (loop × threads)": [_fmt(v, 0) for v in df["thread_s"]],
         f"{metric} first → final{unit}": [f"{_fmt(a)} → {_fmt(b)}" for a, b in zip(df["first"], df["final"])],
         f"gain{unit}": [_signed(v) for v in df["gain"]],
         "thread-s per point gained": [_fmt(v, 0) for v in df["thread_s_per_point"]],

@@ -149,7 +149,7 @@ def test_cost_ledger_by_hand():
     assert a["first"] == pytest.approx(30.0) and a["final"] == pytest.approx(50.0) and a["gain"] == pytest.approx(20.0)
     assert a["thread_s_per_point"] == pytest.approx(90 / 20)
     shown = format_cost(c.reset_index())
-    assert shown.loc[0, "thread-s/run (wall × threads)"] == "90" and shown.loc[0, "gain (pp)"] == "+20.0"
+    assert shown.loc[0, "thread-s/run (loop × threads)"] == "90" and shown.loc[0, "gain (pp)"] == "+20.0"
     assert shown.loc[0, "generated tokens/run"] == "400" and shown.loc[0, "avg@8 first → final (pp)"] == "30.0 → 50.0"
     # threads left to all cores: no thread-s (the run does not record the core count)
     u = cost_ledger(_tidy(), _sweep(), _configs(None), final_k=2).set_index("arm")
