@@ -24,7 +24,7 @@ from .metric_names import primary_metric
 from .runs import ArmInfo, SweepInfo, arm_order
 
 __all__ = ["TOGGLES", "PAPER_STEP", "PAPER_FULL_STEP", "paper_delta", "Toggle", "Pair", "toggle_state", "arm_configs", "flat_arm_configs", "arms_with_runs",
-           "find_pair", "dapo_arm", "baseline_arm", "infer_sweep_info"]
+           "find_pair", "exact_pairs", "dapo_arm", "baseline_arm", "infer_sweep_info"]
 
 
 # --------------------------------------------------------------------------- techniques
@@ -185,6 +185,29 @@ def find_pair(toggle: str, tidy: pd.DataFrame, sweep: SweepInfo, configs: dict |
             if best_key is None or key < best_key:
                 best, best_key = Pair(toggle, off, on, others, keys), key
     return best
+
+
+def exact_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
+                *, _acfg: dict | None = None) -> list[Pair]:
+    """Every (off, on) pair of arms that differs in exactly one technique and in nothing else, by
+    technique (:data:`TOGGLES` order) then arm order: a 2 × 2 grid gives four, a leave-one-out sweep
+    one per technique."""
+    arms = arms_with_runs(tidy, sweep)
+    acfg = _acfg if _acfg is not None else flat_arm_configs(tidy, sweep, configs)
+    out = []
+    for toggle, t in TOGGLES.items():
+        own = set(t.keys)
+        for off in arms:
+            for on in arms:
+                co, cn = acfg[off.name], acfg[on.name]
+                if toggle_state(co, toggle) is not False or toggle_state(cn, toggle) is not True:
+                    continue
+                if any(toggle_state(co, o) != toggle_state(cn, o) for o in TOGGLES if o != toggle):
+                    continue
+                if any(k not in own and _differ(co.get(k), cn.get(k)) for k in set(co) | set(cn)):
+                    continue
+                out.append(Pair(toggle, off, on))
+    return out
 
 
 def dapo_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,

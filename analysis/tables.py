@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .arms import (TOGGLES, arms_with_runs, baseline_arm, dapo_arm, find_pair, flat_arm_configs, paper_delta,
+from .arms import (TOGGLES, arms_with_runs, baseline_arm, dapo_arm, exact_pairs, flat_arm_configs, paper_delta,
                    toggle_state)
 from .metric_names import (dataset_name, equivalence_margin, is_paper_metric, mask_undefined, metric_scale,
                            metric_short, primary_metric)
@@ -43,9 +43,10 @@ POWER, ALPHA = 0.8, 0.05
 def primary_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None) -> list[tuple[ArmInfo, ArmInfo]]:
     """The sweep's declared primary family: the (off, on) arm pairs whose tests are Holm-adjusted together.
 
-    A ladder: every step (row − the row above); other kinds: every pair that isolates exactly one
-    technique (:func:`analysis.arms.find_pair`). Then the full arm vs the baseline (DAPO − naive
-    GRPO), unless it is already in. Everything else the report shows is exploratory.
+    A ladder: every step (row − the row above); other kinds: every pair of arms that differs in
+    exactly one technique and nothing else (:func:`analysis.arms.exact_pairs`: a 2 × 2 grid gives
+    its four simple effects). Then the full arm vs the baseline (DAPO − naive GRPO), unless it is
+    already in. Everything else the report shows is exploratory.
     """
     arms = arms_with_runs(tidy, sweep)
     acfg = flat_arm_configs(tidy, sweep, configs)
@@ -53,10 +54,7 @@ def primary_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = N
     if sweep.kind == "ladder":
         pairs = list(zip(arms, arms[1:]))
     else:
-        for t in TOGGLES:
-            pr = find_pair(t, tidy, sweep, configs, _acfg=acfg)
-            if pr is not None and pr.exact:
-                pairs.append((pr.off, pr.on))
+        pairs = [(pr.off, pr.on) for pr in exact_pairs(tidy, sweep, configs, _acfg=acfg)]
     base, full = baseline_arm(tidy, sweep, configs, _acfg=acfg), dapo_arm(tidy, sweep, configs, _acfg=acfg)
     if base is not None and full is not None and base.name != full.name:
         pairs.append((base, full))
