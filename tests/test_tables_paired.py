@@ -171,3 +171,22 @@ def test_compare_md_has_the_paired_line_and_the_cost_of_both_arms():
     assert "## Clip-Higher: arm b → arm c" in md
     assert "**Paired over seeds** on `eval/arith/avg_at_8` (n = 3 pairs" in md
     assert "generated tokens/run" in md and "| arm b " in md and "paired_diff" in md
+
+
+def test_a_two_by_two_grid_declares_its_four_simple_effects_and_the_corner():
+    """Soft punishment × dynamic sampling: the family is the four pairs that differ in one technique
+    (by technique, then arm order) and the full arm vs the baseline (both techniques)."""
+    from analysis.tables import primary_pairs
+    cells = {"nn": (False, False), "nd": (False, True), "sn": (True, False), "sd": (True, True)}
+    rows = []
+    for arm, (sp, ds) in cells.items():
+        for seed in range(3):
+            base = dict(run=f"{arm}{seed}", run_id=f"{arm}{seed}", sweep="g", arm=arm, seed=seed)
+            for g, v in ((0, 0.3), (2, 0.4 + 0.01 * seed), (4, 0.4 + 0.01 * seed)):
+                rows.append({**base, "rollout_step": g, "grad_step": g, "time": 0.0, "metric": METRIC, "value": v})
+    sweep = SweepInfo(name="g", kind="grid", metric=METRIC, final_k=2, arms=tuple(
+        ArmInfo(a, a, {"algo.overlong.soft_punish": sp, "algo.dynamic_sampling.enabled": ds,
+                       "algo.overlong.filter": True, "algo.clip.eps_high": 0.28, "algo.clip.eps_low": 0.2,
+                       "algo.loss_agg": "token_mean"}) for a, (sp, ds) in cells.items()))
+    pairs = [(o.name, n.name) for o, n in primary_pairs(normalize_tidy(pd.DataFrame(rows)), sweep)]
+    assert pairs == [("nn", "sn"), ("nd", "sd"), ("nn", "nd"), ("sn", "sd"), ("nn", "sd")]
