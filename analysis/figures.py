@@ -8,7 +8,14 @@ and says why any is missing; :func:`save_figure` writes PNG (150 dpi) and PDF.
 Which arms a figure compares is :mod:`analysis.arms`' answer (read from the resolved
 configs, never from arm names); metric names and units are :mod:`analysis.metric_names`.
 
-Curves are the mean over seeds with a 95% percentile-bootstrap band (stats.seed_band).
+Curves are the mean over seeds with a 95% Student-t band over the seeds that have a value at
+that point, none where only one has (:data:`analysis.stats.BAND_METHOD`, :func:`stats.seed_band`).
+When the seeds of an arm log a metric at different x for the same rollout step (the grad step of
+a rollout step differs between seeds: dynamic sampling, a resumed run), the arm's curve is aligned
+by rollout step (:func:`aligned_band`): per run the points of a rollout step are averaged, the band
+is over seeds per rollout step, drawn at the mean over seeds of that rollout step's x. Nothing on
+a "mean over seeds" line is one seed's value unless the arm has one seed: such points (n = 1) are
+drawn as hollow markers off the line, and the figure's note says so.
 Accuracies are logged in [0, 1] and drawn in %; a % axis spans the data (curves and bands),
 at least :data:`MIN_SPAN_PCT` points, clipped to [0, 100]. A point logged as 0 only because
 the quantity is undefined (``metric_names.UNDEFINED_WHEN_ZERO``: no up-clipped token) is
@@ -32,10 +39,10 @@ from .arms import TOGGLES, arms_with_runs, baseline_arm, dapo_arm, find_pair, fl
 from .metric_names import (EVAL_RE, LABELS, X_LABELS, dataset_name, is_paper_metric, mask_undefined, metric_label,
                            metric_scale, metric_short, primary_metric)
 from .runs import ArmInfo, SweepInfo, arm_order
-from .stats import seed_band
+from .stats import ALPHA, BAND_METHOD, seed_band
 
-__all__ = ["FigureResult", "arm_colors", "fig1", "fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8",
-           "render_all", "save_figure", "STYLE"]
+__all__ = ["FigureResult", "aligned_band", "arm_colors", "BAND_METHOD", "BAND_SHORT", "fig1", "fig2", "fig3", "fig4",
+           "fig5", "fig6", "fig7", "fig8", "render_all", "save_figure", "STYLE"]
 
 # --------------------------------------------------------------------------- style
 # Okabe–Ito, colour-blind safe; yellow last (weak on white).
@@ -66,6 +73,78 @@ MIN_SPAN_PCT = 4.0
 """The smallest y range (percentage points) of a % axis: a flat curve is not blown up into noise."""
 R1_ZERO_AIME = 47.0
 """DeepSeek-R1-Zero-Qwen-32B on AIME 2024 avg@32, the reference line of the paper's Fig. 1."""
+BAND_SHORT = "mean over seeds, 95% t band"
+"""The short form of :data:`analysis.stats.BAND_METHOD` that figure titles carry."""
+SINGLE_SEED_NOTE = ("hollow markers: points where only one seed has a value (n = 1), "
+                    "not part of the mean-over-seeds line")
+"""What a figure's note says when it draws such points (see :func:`_draw`)."""
+
+
+# --------------------------------------------------------------------------- aligned curves
+def _arms_to_align(tidy: pd.DataFrame, metric: str, x: str) -> list[str]:
+    """Arms whose runs log metric at different x for the same rollout step (first-seen order).
+
+    An arm whose runs all have the same x positions is never aligned; nor one whose runs differ
+    only in which rollout steps they reached (a shorter run) while agreeing on the x of every
+    rollout step they share; nor one with a point of metric without a rollout step (nothing to
+    align it by).
+    """
+    if x == "rollout_step":
+        return []
+    d = tidy.loc[tidy["metric"] == metric, ["arm", "run", "rollout_step", x]].dropna(subset=[x])
+    out = []
+    for arm, g in d.groupby("arm", sort=False):
+        runs = g["run"].nunique()
+        if (g.groupby(x)["run"].nunique() == runs).all() or g["rollout_step"].isna().any():
+            continue                          # every run has every x (same positions); or nothing to align by
+        # per rollout step, every x of it is in every run that has that rollout step: positions agree
+        at_r = g.groupby("rollout_step")["run"].nunique()
+        at_rx = g.groupby(["rollout_step", x])["run"].nunique()
+        if (at_rx.to_numpy() != at_r.reindex(at_rx.index.get_level_values(0)).to_numpy()).any():
+            out.append(arm)
+    return out
+
+
+def _aligned(tidy: pd.DataFrame, metric: str, x: str = "grad_step", *,
+             alpha: float = ALPHA) -> tuple[pd.DataFrame, list[str]]:
+    """(:func:`aligned_band`'s frame, the arms it aligned by rollout step)."""
+    base = seed_band(tidy, metric, x, alpha=alpha)
+    need = _arms_to_align(tidy, metric, x)
+    if not need:
+        return base, []
+    by_r = seed_band(tidy, metric, "rollout_step", arms=need, alpha=alpha)
+    d = tidy.loc[(tidy["metric"] == metric) & tidy["arm"].isin(need), ["arm", "run", "rollout_step", x, "value"]]
+    d = d.dropna(subset=[x]).astype({"rollout_step": "int64"})
+    # per run and rollout step: the mean x of its points, and whether it has a value there
+    d["has"] = np.isfinite(d["value"].to_numpy(dtype=float))
+    pr = d.groupby(["arm", "run", "rollout_step"], sort=False).agg(x=(x, "mean"), has=("has", "any")).reset_index()
+    # x of a rollout step: the mean over the seeds with a value there (over all its seeds if none has)
+    pr["xw"] = pr["x"].where(pr["has"])
+    agg = pr.groupby(["arm", "rollout_step"], sort=False).agg(xw=("xw", "mean"), xa=("x", "mean")).reset_index()
+    agg["xm"] = agg["xw"].fillna(agg["xa"])
+    by_r = by_r.merge(agg[["arm", "rollout_step", "xm"]], on=["arm", "rollout_step"], how="left", validate="1:1")
+    by_r[x] = by_r["xm"].to_numpy(dtype=float)
+    cols = list(base.columns)
+    frames = []
+    for arm in pd.unique(base["arm"]):
+        frames.append(by_r.loc[by_r["arm"] == arm, cols] if arm in need else base[base["arm"] == arm])
+    out = pd.concat(frames, ignore_index=True)
+    return out.astype({x: float}), need
+
+
+def aligned_band(tidy: pd.DataFrame, metric: str, x: str = "grad_step", *, alpha: float = ALPHA) -> pd.DataFrame:
+    """:func:`analysis.stats.seed_band`, with the runs of an arm aligned by rollout step where needed.
+
+    Columns ``[arm, <x>, mean, lo, hi, n]``, like seed_band. An arm whose runs log metric at
+    different x for the same rollout step (e.g. evaluations every N rollout steps that fall at
+    grad steps 236, 238, 239 in three seeds) gets ``seed_band(tidy, metric, "rollout_step")``'s
+    rows (per run the points of a rollout step averaged, the band over seeds per rollout step,
+    n = seeds with a value there), in rollout-step order, each at x = the mean over those seeds
+    of the x of that rollout step (float). Every other arm keeps seed_band's rows, and when no
+    arm needs aligning the result is seed_band's frame itself (so metrics logged several times
+    per rollout step are not collapsed while the seeds agree on x).
+    """
+    return _aligned(tidy, metric, x, alpha=alpha)[0]
 
 
 # --------------------------------------------------------------------------- drawing context
@@ -79,21 +158,47 @@ class _Ctx:
     colors: dict = field(default_factory=dict)
     metric: str | None = None
     tag: str = ""
-    bands: dict = field(default_factory=dict)      # (metric, x) → seed_band frame (all arms)
+    bands: dict = field(default_factory=dict)      # (metric, x) → (aligned_band frame (all arms), aligned arms)
     scales: dict = field(default_factory=dict)
     metrics: set = field(default_factory=set)
+    seeds: dict = field(default_factory=dict)      # arm → number of runs
+    drawn: dict = field(default_factory=dict)      # of the figure being drawn: "aligned"/"single" → {arm label}
 
     def band(self, metric: str, arm: str) -> pd.DataFrame:
         key = (metric, self.x)
         if key not in self.bands:
-            self.bands[key] = seed_band(self.tidy, metric, self.x)
-        b = self.bands[key]
+            self.bands[key] = _aligned(self.tidy, metric, self.x)
+        b = self.bands[key][0]
         return b[b["arm"] == arm]
+
+    def aligned(self, metric: str, arm: str) -> bool:
+        """Whether arm's curve of metric was aligned by rollout step (:func:`aligned_band`)."""
+        self.band(metric, arm)
+        return arm in self.bands[(metric, self.x)][1]
+
+    def n_seeds(self, arm: str) -> int:
+        if not self.seeds:
+            self.seeds = self.tidy.groupby("arm", sort=False)["run"].nunique().to_dict()
+        return int(self.seeds.get(arm, 0))
+
+    def drawn_note(self) -> str:
+        """What the figure just drawn did beyond a plain mean over seeds (aligned curves, n = 1 points)."""
+        parts = []
+        if self.drawn.get("aligned"):
+            parts.append(f"{_names(self.drawn['aligned'])}: seeds aligned by rollout step (their "
+                         f"{X_LABELS[self.x]}s differ), at the mean {X_LABELS[self.x]} over seeds")
+        if self.drawn.get("single"):
+            parts.append(f"{_names(self.drawn['single'])}: {SINGLE_SEED_NOTE}")
+        return "; ".join(parts)
 
     def scale(self, metric: str) -> float:
         if metric not in self.scales:
             self.scales[metric] = metric_scale(self.tidy, metric)
         return self.scales[metric]
+
+
+def _names(labels) -> str:
+    return ", ".join(f"“{a}”" for a in labels)
 
 
 def _context(tidy, sweep, x, configs, ctx=None) -> _Ctx:
@@ -122,20 +227,39 @@ def _new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] | None
 
 def _draw(ctx: _Ctx, ax, metric: str, arm: ArmInfo, *, color=None, label=None, linestyle="-",
           xvalues: pd.Series | None = None) -> bool:
-    """Mean over seeds (line) and bootstrap band (fill) of one arm; False if nothing logged."""
+    """Mean over seeds (line) and its band (fill, :data:`BAND_METHOD`) of one arm; False if nothing logged.
+
+    In an arm with several seeds, a point only one seed has (n = 1) is not part of the line (a gap,
+    as for a point no seed has; it has no band either): it is drawn as a hollow marker (no label),
+    and ``ctx.drawn`` records it for the figure's note. A dense line (no markers) marks a point
+    left between two gaps, which would otherwise not show.
+    """
     b = ctx.band(metric, arm.name)
     if b.empty:
         return False
     s = ctx.scale(metric)
     xv = b[ctx.x].to_numpy(dtype=float) if xvalues is None else np.asarray(xvalues, dtype=float)
     color = color or ctx.colors.get(arm.name, "#333333")
+    mean = b["mean"].to_numpy(dtype=float)
+    single = (b["n"].to_numpy() == 1) & np.isfinite(mean) if ctx.n_seeds(arm.name) > 1 else np.zeros(len(b), bool)
+    line = np.where(single, np.nan, mean)
+    if ctx.aligned(metric, arm.name):
+        ctx.drawn.setdefault("aligned", {})[arm.label] = None
     with matplotlib.rc_context(STYLE):
         ax.fill_between(xv, b["lo"].to_numpy() * s, b["hi"].to_numpy() * s, color=color,
                         alpha=0.18, linewidth=0)
         sparse = len(b) <= 40
-        ax.plot(xv, b["mean"].to_numpy() * s, color=color, linestyle=linestyle,
-                label=label if label is not None else arm.label,
-                marker="o" if sparse else None, markersize=3.2 if sparse else 0)
+        ok = np.isfinite(line)
+        alone = ok & ~np.r_[False, ok[:-1]] & ~np.r_[ok[1:], False]      # finite, both neighbours not
+        marks = {"marker": "o", "markersize": 3.2} if sparse else (
+            {"marker": "o", "markersize": 2.4, "markevery": np.flatnonzero(alone).tolist()} if alone.any()
+            else {"marker": None, "markersize": 0})
+        ax.plot(xv, line * s, color=color, linestyle=linestyle,
+                label=label if label is not None else arm.label, **marks)
+        if single.any():
+            ax.plot(xv[single], mean[single] * s, linestyle="none", marker="o", markersize=4.5,
+                    markerfacecolor="none", markeredgecolor=color, markeredgewidth=1.0, label="_nolegend_")
+            ctx.drawn.setdefault("single", {})[arm.label] = None
     if s == 100:
         ax._dapo_percent = True
     return True
@@ -190,13 +314,25 @@ def _finish(ctx: _Ctx, fig: Figure, axes, number: int, title: str, *, ylabels, p
             ax.margins(x=0.01)
         tag = f" ({ctx.tag})" if ctx.tag else ""
         fig.suptitle(f"Fig. {number}{tag}: {title}", x=0.01, ha="left", fontweight="bold")
+        note = _join_notes(note, ctx.drawn_note())
         if note:
             _footnote(fig, note)
     return fig
 
 
+def _join_notes(note: str | None, extra: str) -> str | None:
+    """note, then extra as a sentence of its own; note unchanged when there is no extra."""
+    if not extra:
+        return note
+    return (note.rstrip().rstrip(".") + ". " if note else "") + extra + "."
+
+
 def _footnote(fig: Figure, note: str) -> None:
-    """A grey note under the panels (constrained layout keeps room for it)."""
+    """A grey note under the panels (constrained layout keeps room for it), wrapped to the figure's width."""
+    import textwrap
+    width = int(fig.get_figwidth() * 17)          # characters of 7 pt DejaVu Sans per line (≈ 18/inch)
+    if len(note) > width:
+        note = "\n".join(textwrap.wrap(note, width))
     with matplotlib.rc_context(STYLE):
         fig.supxlabel(note, x=0.01, ha="left", fontsize=7, color="#555555")
 
@@ -257,7 +393,7 @@ def _fig1(ctx: _Ctx):
     notes.append(("(b) " if base else "") + f"arm “{arm.label}”: " + ", ".join(metric_short(m) for m in names))
     scale = ctx.scale(ctx.metric)
     fig = _finish(ctx, fig, axes, 1, f"{dataset_name(ctx.metric)} accuracy during training "
-                  "(mean over seeds, 95% CI)", ylabels=["accuracy (%)" if scale == 100 else "accuracy"] * len(axes),
+                  f"({BAND_SHORT})", ylabels=["accuracy (%)" if scale == 100 else "accuracy"] * len(axes),
                   panel_titles=titles, legend_all=True)
     return fig, "; ".join(notes)
 
@@ -365,9 +501,11 @@ def _fig6(ctx):
             xs = ctx.band(ctx.metric, arm.name)[ctx.x].to_numpy(dtype=float)
             _draw(ctx, axes[1], ctx.metric, arm, xvalues=_cum_tokens_at(ctx, arm, xs) / 1e6)
     ylabel = metric_label(ctx.metric, ctx.scale(ctx.metric))
+    differ = None if pair.exact else "Arms also differ in: " + ", ".join(
+        [TOGGLES[t].title for t in pair.other_toggles] + list(pair.other_keys))
     fig = _finish(ctx, fig, axes[:1], 6, f"{metric_short(ctx.metric)}, with vs without dynamic sampling",
                   ylabels=[ylabel], panel_titles=[f"(a) {_acc_title(ctx)} per step"] if tokens else
-                  [_acc_title(ctx)])
+                  [_acc_title(ctx)], note=differ)
     if tokens:
         with matplotlib.rc_context(STYLE):
             ax = axes[1]
@@ -377,9 +515,6 @@ def _fig6(ctx):
             ax.legend(loc="best")
             _percent_axis(ax)
             ax.margins(x=0.01)
-    if not pair.exact:
-        _footnote(fig, "Arms also differ in: " + ", ".join(
-            [TOGGLES[t].title for t in pair.other_toggles] + list(pair.other_keys)))
     return fig, note
 
 
@@ -414,10 +549,20 @@ TITLES = {
 }
 
 
+def _render(ctx: _Ctx, name: str) -> tuple[Figure | None, str]:
+    """(figure, note) of one figure; the note says which curves were aligned by rollout step and
+    which points only one seed has (drawn off the mean line), as the figure's footnote does."""
+    ctx.drawn = {}
+    fig, note = _IMPL[name](ctx)
+    extra = ctx.drawn_note() if fig is not None else ""
+    ctx.drawn = {}
+    return fig, _join_notes(note, extra)
+
+
 def _public(name: str):
     def f(tidy: pd.DataFrame, sweep_info: SweepInfo, x: str = "grad_step", *,
           configs: dict | None = None) -> Figure | None:
-        return _IMPL[name](_context(tidy, sweep_info, x, configs))[0]
+        return _render(_context(tidy, sweep_info, x, configs), name)[0]
     f.__name__ = name
     f.__doc__ = f"Paper Fig. {name[3:]}: {TITLES[name]}. A Figure, or None if the sweep cannot show it."
     return f
@@ -439,8 +584,8 @@ def render_all(tidy: pd.DataFrame, sweep_info: SweepInfo, x: str = "grad_step", 
     """Every figure, sharing one context (bands computed once per metric)."""
     ctx = _context(tidy, sweep_info, x, configs)
     out = []
-    for name, impl in _IMPL.items():
-        fig, note = impl(ctx)
+    for name in _IMPL:
+        fig, note = _render(ctx, name)
         out.append(FigureResult(name, TITLES[name], fig, note))
     return out
 
