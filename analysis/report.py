@@ -23,8 +23,10 @@ Where the files go by default:
 writes::
 
     snapshot/   runs.parquet configs.json sweep.json meta.json   (only when reading MLflow)
+                problems.parquet   (also, when the runs' eval_records/ are under --runs: per-problem outcomes)
     figures/    fig1..fig7 .png + .pdf (a figure the sweep cannot show is listed, not drawn)
-    table1.md table1.csv table1.tex family.csv compare.md cost.csv mechanisms.csv learning.csv report.md
+    table1.md table1.csv table1.tex family.csv eval_noise.csv compare.md cost.csv mechanisms.csv learning.csv
+    report.md
     reading.md  the human-written reading; never overwritten unless a new one is given
 """
 
@@ -43,7 +45,8 @@ import pandas as pd
 from .mechanisms import MECHANISMS_NOTE, format_mechanisms, mechanism_table
 from .learning import LEARNING_NOTE, format_learning, learning_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
-from .runs import SweepInfo, load_runs, load_snapshot, merge_snapshot, read_meta, snapshot
+from .eval_noise import noise_section, noise_table, problems_from_runs
+from .runs import SweepInfo, load_problems, load_runs, load_snapshot, merge_snapshot, read_meta, snapshot
 from .metric_names import primary_metric
 from .stats import BAND_METHOD
 from .tables import (COST_NOTE, compare_table, cost_ledger, decision_rule, family_table, format_cost, format_family,
@@ -118,12 +121,14 @@ def _runs_md(tidy: pd.DataFrame, sweep: SweepInfo) -> str:
 
 def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None, out_dir, *,
                  x: str = "grad_step", final_k: int = 3, reading: str | None = None,
-                 meta: dict | None = None, formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
+                 meta: dict | None = None, formats: tuple[str, ...] = ("png", "pdf"),
+                 problems: pd.DataFrame | None = None) -> list[Path]:
     """Write figures, tables, compare.md and report.md into out_dir; return the written paths.
 
     ``reading``: a human-written interpretation. Given, it is saved to ``reading.md``; not
     given, an existing ``reading.md`` is kept and embedded. ``formats``: figure files to
-    write (the report links the PNG, and the PDF when written).
+    write (the report links the PNG, and the PDF when written). ``problems``: per-problem outcomes
+    (:func:`analysis.runs.load_problems`) for the evaluation-noise section's records-based numbers.
     """
     from .figures import render_all, save_figure  # here: matplotlib only when figures are drawn
     out = Path(out_dir)
@@ -138,6 +143,8 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
 
     fam = family_table(tidy, sweep, configs, final_k)
     written.append(to_csv(fam, out / "family.csv"))
+    noise = noise_table(tidy, sweep, configs, final_k, family=fam, problems=problems)
+    written.append(to_csv(noise, out / "eval_noise.csv"))
     t1 = table1(tidy, sweep, final_k=final_k, configs=configs, family=fam)
     shown = format_table1(t1)
     footnote = table1_footnote(t1)
@@ -187,6 +194,7 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              "(analysis/metric_names.py). Seeds: paired seeds at which the exact sign-flip test has 80% power "
              "for the paper's Δ at α/m, at the measured SD (in parentheses: at the ends of the SD's 95% "
              "χ² interval).", "",
+             *noise_section(noise),
              "## Table 1", "", to_markdown(shown),
              paper_note + " Ours: see the sweep config.", "",
              footnote, "",
@@ -288,6 +296,12 @@ def _spec_sweep_info(path: str) -> SweepInfo:
     return SweepInfo.from_dict(sweep_info(path))
 
 
+def _spec_run_arms(path: str) -> dict[str, str]:
+    """{run_id: arm} of a sweep YAML's expansion (the runs that belong to it, whoever launched them)."""
+    from dapo.sweep_spec import expand  # noqa: WPS433 (lazy, as _spec_sweep_info)
+    return {j.run_id: j.arm for j in expand(path, "runs")}
+
+
 class InputError(Exception):
     """A bad input of ``dapo figures``: one line on stderr, exit code 2."""
 
@@ -306,6 +320,26 @@ def main(argv: list[str] | None = None, *, sweep_info: SweepInfo | None = None) 
     except InputError as exc:
         print(f"dapo figures: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _problems(runs_dir: str, tidy: pd.DataFrame, earlier: list) -> pd.DataFrame | None:
+    """Per-problem outcomes of the runs in ``tidy``: from their eval_records/ under ``runs_dir``, plus the
+    rows of earlier snapshots (``--with-snapshot``) for runs that have none on disk; None if nobody has any."""
+    found = problems_from_runs(runs_dir, tidy)
+    parts = [found] if found is not None else []
+    have = set(found["run"]) if found is not None else set()
+    for old in earlier:
+        if old is not None:
+            add = old[old["run"].isin(set(tidy["run"]) - have)]
+            parts.append(add)
+            have |= set(add["run"])
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return None
+    print(f"[figures] per-problem records of {len(have)} runs", file=sys.stderr)
+    out = pd.concat(parts, ignore_index=True)
+    runs = tidy.drop_duplicates("run").set_index("run")
+    return out.assign(arm=out["run"].map(runs["arm"]), seed=out["run"].map(runs["seed"]))  # the arms as merged
 
 
 def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
@@ -333,6 +367,7 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
             parser.error(f"no snapshot in {snap_dir} (runs.parquet missing)")
         try:
             tidy, configs, snap_sweep = load_snapshot(snap_dir)
+            problems = load_problems(snap_dir)
             meta = read_meta(snap_dir)
         except (OSError, ValueError, KeyError, TypeError) as exc:   # corrupt parquet/json, a missing file
             raise InputError(f"snapshot {snap_dir} is unreadable: {type(exc).__name__}: "
@@ -356,31 +391,34 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
             tidy, configs = load_runs(uri, name, finished_only=args.finished_only)
         except ValueError as exc:                 # no such experiment: the message lists the ones there
             raise InputError(str(exc)) from None
-        merged = []
+        merged, earlier = [], []
         for d in args.with_snapshot:
             if not (Path(d) / "runs.parquet").exists():
                 raise InputError(f"--with-snapshot {d}: no snapshot there (runs.parquet missing)")
-            tidy, configs, rec = merge_snapshot(tidy, configs, d)
+            tidy, configs, rec = merge_snapshot(tidy, configs, d, arm_of=_spec_run_arms(args.spec) if args.spec
+                                                else None, sweep_name=name)
             merged.append(rec)
+            earlier.append(load_problems(d))
             print(f"[figures] {rec['n_runs']} runs added from {d} (commit {rec['commit']})", file=sys.stderr)
         if tidy.empty:
             print(f"[figures] sweep {name!r} has no logged points yet", file=sys.stderr)
             return 1
         sweep = sweep_info or infer_sweep_info(tidy, configs, name)
         out = Path(args.to) if args.to else Path(args.runs) / "figures" / name
+        problems = _problems(args.runs, tidy, earlier)
         commit = _git_commit()
         meta = {"mlflow_uri": uri, "commit": commit,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         if not args.no_snapshot:
             cmd = "dapo figures " + " ".join(shlex.quote(a) for a in argv)
             snap = snapshot(tidy, configs, sweep, out / "snapshot", command=cmd, commit=commit,
-                            tracking_uri=uri, extra={"merged": merged} if merged else None)
+                            tracking_uri=uri, extra={"merged": merged} if merged else None, problems=problems)
             meta = read_meta(snap)
             print(f"[figures] snapshot: {snap}")
     reading = Path(args.reading).read_text() if args.reading else None
     final_k = args.final_k or sweep.final_k
     paths = write_report(tidy, configs, sweep, out, x=args.x, final_k=final_k, reading=reading, meta=meta,
-                         formats=formats)
+                         formats=formats, problems=problems)
     print(f"[figures] {len(paths)} files in {out} (report: {out / 'report.md'})")
     if args.from_snapshot is None and not args.to:
         print(f"[figures] to publish them: --to results/{name}", file=sys.stderr)

@@ -16,7 +16,9 @@ The tidy table has one row per logged point::
 
 A snapshot (``results/<sweep>/snapshot/``) freezes both, plus the sweep description, so
 figures and tables can be regenerated without the tracking server:
-``runs.parquet``, ``configs.json``, ``sweep.json``, ``meta.json``.
+``runs.parquet``, ``configs.json``, ``sweep.json``, ``meta.json``, and ``problems.parquet`` when
+the runs' per-sample evaluation records were on disk (:data:`PROBLEM_COLUMNS`, read back by
+:func:`load_problems`; None for snapshots without it).
 
 Metric histories are read in bulk: one SQL query from a ``sqlite:`` / ``postgresql:`` store,
 one request per (metric, 100 runs) from an MLflow server (``http(s)://``); one request per
@@ -46,7 +48,7 @@ from dapo.sweep_spec import KINDS as SWEEP_KINDS
 
 __all__ = [
     "ArmInfo", "SweepInfo", "TIDY_COLUMNS", "load_runs", "snapshot", "load_snapshot", "merge_snapshot",
-    "arm_order", "normalize_tidy", "read_meta",
+    "arm_order", "normalize_tidy", "read_meta", "PROBLEM_COLUMNS", "normalize_problems", "load_problems",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,10 @@ log = logging.getLogger(__name__)
 TIDY_COLUMNS = ["run", "run_id", "sweep", "arm", "seed", "rollout_step", "grad_step",
                 "time", "metric", "value"]
 _STR_COLS = ["run", "run_id", "sweep", "arm", "metric"]
+PROBLEM_COLUMNS = ["run", "run_id", "arm", "seed", "step", "grad_step", "set", "problem", "n_correct", "k"]
+"""``problems.parquet``: one row per (run, rollout step, eval set, problem) of the runs' per-sample
+evaluation records (docs/METRICS.md): ``n_correct`` of its ``k`` samples scored correct; ``grad_step``
+−1 where the records have none. Built by :func:`analysis.eval_noise.problems_from_runs`."""
 
 
 # --------------------------------------------------------------------------- sweep description
@@ -375,12 +381,19 @@ def _json_default(o: Any) -> Any:
 
 def snapshot(tidy: pd.DataFrame, configs: dict[str, dict], sweep_info: SweepInfo | None,
              out_dir: str | Path, command: str = "", commit: str = "",
-             tracking_uri: str | None = None, extra: dict | None = None) -> Path:
+             tracking_uri: str | None = None, extra: dict | None = None,
+             problems: pd.DataFrame | None = None) -> Path:
     """Freeze runs into ``out_dir`` (usually ``results/<sweep>/snapshot``); returns the dir.
-    ``extra``: more keys for meta.json (e.g. ``merged``: the earlier snapshots whose runs were added)."""
+    ``extra``: more keys for meta.json (e.g. ``merged``: the earlier snapshots whose runs were added).
+    ``problems``: per-problem outcomes (:data:`PROBLEM_COLUMNS`) → ``problems.parquet``; None: no file
+    (one left from an earlier snapshot in ``out_dir`` is removed, so it never describes other runs)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     normalize_tidy(tidy).to_parquet(out / "runs.parquet", index=False)
+    if problems is not None and len(problems):
+        normalize_problems(problems).to_parquet(out / "problems.parquet", index=False)
+    else:
+        (out / "problems.parquet").unlink(missing_ok=True)
     (out / "configs.json").write_text(json.dumps(configs, indent=1, sort_keys=True, default=_json_default))
     sweep = sweep_info.to_dict() if sweep_info is not None else None
     (out / "sweep.json").write_text(json.dumps(sweep, indent=1, default=_json_default))
@@ -392,6 +405,7 @@ def snapshot(tidy: pd.DataFrame, configs: dict[str, dict], sweep_info: SweepInfo
         "n_runs": int(tidy["run"].nunique()),
         "n_points": int(len(tidy)),
         "arms": arm_order(tidy),
+        **({"n_problem_rows": int(len(problems))} if problems is not None and len(problems) else {}),
         **(extra or {}),
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1, default=_json_default))
@@ -407,14 +421,41 @@ def load_snapshot(snapshot_dir: str | Path) -> tuple[pd.DataFrame, dict[str, dic
     return tidy, configs, (SweepInfo.from_dict(sweep) if sweep else None)
 
 
-def merge_snapshot(tidy: pd.DataFrame, configs: dict[str, dict], snapshot_dir: str | Path
+def normalize_problems(df: pd.DataFrame) -> pd.DataFrame:
+    """Column order and dtypes of ``problems.parquet`` (:data:`PROBLEM_COLUMNS`), sorted by run, step, set, problem."""
+    df = df.reindex(columns=PROBLEM_COLUMNS)
+    for c in ("run", "run_id", "arm", "set", "problem"):
+        df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
+    for c in ("seed", "step", "grad_step", "n_correct", "k"):
+        df[c] = df[c].astype("int64")
+    return df.sort_values(["run", "step", "set", "problem"], kind="stable").reset_index(drop=True)
+
+
+def load_problems(snapshot_dir: str | Path) -> pd.DataFrame | None:
+    """The snapshot's per-problem outcomes (``problems.parquet``, :data:`PROBLEM_COLUMNS`); None when it has
+    none (snapshots of runs that predate the per-sample records, or made without them on disk)."""
+    p = Path(snapshot_dir) / "problems.parquet"
+    return normalize_problems(pd.read_parquet(p)) if p.exists() else None
+
+
+def merge_snapshot(tidy: pd.DataFrame, configs: dict[str, dict], snapshot_dir: str | Path, *,
+                   arm_of: dict[str, str] | None = None, sweep_name: str | None = None
                    ) -> tuple[pd.DataFrame, dict[str, dict], dict]:
     """``tidy``/``configs`` plus the runs of an earlier snapshot that they do not have (matched by
     ``run_id``, the config hash: a run in both is taken from ``tidy``, the live store), and a record
-    of what was added: ``{dir, commit, created, command, n_runs}`` for meta.json's ``merged`` list."""
+    of what was added: ``{dir, commit, created, command, n_runs}`` for meta.json's ``merged`` list.
+
+    ``arm_of`` ({run_id: arm}, from the sweep's expansion): only the snapshot's runs with those run
+    ids are added, under the sweep's arm names (and ``sweep_name``): a run launched by another sweep
+    with the same resolved config is the same run."""
     old, old_cfg, _ = load_snapshot(snapshot_dir)
     have = set(tidy["run_id"].astype(str)) if len(tidy) else set()
     add = old[~old["run_id"].astype(str).isin(have)]
+    if arm_of is not None:
+        add = add[add["run_id"].astype(str).isin(set(arm_of))].copy()
+        add["arm"] = add["run_id"].astype(str).map(arm_of)
+        if sweep_name:
+            add["sweep"] = sweep_name
     runs = set(add["run"])
     merged = normalize_tidy(pd.concat([old.iloc[:0], tidy, add], ignore_index=True)) if len(add) else tidy
     cfg = {**{r: c for r, c in old_cfg.items() if r in runs}, **configs}

@@ -691,3 +691,8 @@ def test_with_snapshot_adds_the_runs_the_store_lacks(tmp_path):
     assert set(configs) == {"u1", "u3", "u4"} and rec["n_runs"] == 1 and rec["commit"] == "abc"
     out = snapshot(tidy, configs, None, tmp_path / "new", extra={"merged": [rec]})
     assert read_meta(out)["merged"][0]["n_runs"] == 1 and read_meta(out)["n_runs"] == 3
+    # runs of another sweep with the same resolved config: only the spec's run ids, under its arm names
+    only, _, rec2 = merge_snapshot(live, {"u3": {"x": 3}, "u4": {"x": 4}}, snap, arm_of={"id0": "cell"},
+                                   sweep_name="g")
+    added = only[only["run_id"] == "id0"]
+    assert rec2["n_runs"] == 1 and set(added["arm"]) == {"cell"} and set(added["sweep"]) == {"g"}
