@@ -5,7 +5,8 @@
     dapo sweep status SPEC [--output DIR] [--json]   per run: pending / running / requeued / done / failed
     dapo sweep cancel SPEC [--output DIR]            scancel the sweep's unfinished jobs
 
-Every subcommand takes ``--seeds LIST`` (a subset of the spec's seeds, e.g. ``6-9``).
+Every subcommand takes ``--seeds LIST`` (a subset of the spec's seeds, e.g. ``6-9``) and
+``--arms NAMES`` (a subset of its arms): run ids do not depend on either.
 
 The spec format and the expansion are in :mod:`dapo.sweep_spec`, cluster profiles in
 :mod:`dapo.cluster`; submission through submitit
@@ -52,7 +53,8 @@ def _spec(args, *, from_records: bool = False) -> Spec:
         if subs and subs[-1].get("set"):
             return load_spec(args.spec, subs[-1]["set"])
         return probe
-    return _only_seeds(load_spec(args.spec, extra), getattr(args, "seeds", None))
+    return _only_arms(_only_seeds(load_spec(args.spec, extra), getattr(args, "seeds", None)),
+                      getattr(args, "arms", None))
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -79,6 +81,19 @@ def _only_seeds(spec: Spec, text: str | None) -> Spec:
     return dataclasses.replace(spec, seeds=tuple(s for s in spec.seeds if s in seeds))
 
 
+def _only_arms(spec: Spec, text: str | None) -> Spec:
+    """The spec restricted to the arms of ``--arms a,b`` (names as ``dapo sweep expand`` prints them)."""
+    if text is None:
+        return spec
+    names = [a.name for a in arms(spec)]
+    want = [x.strip() for x in str(text).split(",") if x.strip()]
+    bad = [x for x in want if x not in names]
+    if bad or not want:
+        raise ConfigError(f"--arms {text}: {', '.join(map(repr, bad)) or 'no arm'} not among {spec.path}'s "
+                          f"arms: {', '.join(names)}")
+    return dataclasses.replace(spec, only_arms=tuple(want))
+
+
 def cmd_expand(args) -> int:
     spec = _spec(args)
     check_sources_exist(spec)          # data files, model directories, eval sets: here, not on the cluster
@@ -91,7 +106,7 @@ def cmd_expand(args) -> int:
                            "run_dir": str(j.run_dir), "finished": j.finished, "overrides": j.overrides}
                           for j in jobs], indent=1))
         return 0
-    n_arms = len(arms(spec))
+    n_arms = len(spec.only_arms) or len(arms(spec))
     print(f"sweep {spec.name} ({spec.kind}): {n_arms} arms x {len(spec.seeds)} seeds = {len(jobs)} jobs; "
           f"base {spec.base}; {sum(j.finished for j in jobs)} finished")
     if spec.base_overrides:
@@ -164,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="output root: runs in DIR/runs/<run_id>, records in DIR/sweeps/<name>/ (default: runs)")
         sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra dotted override for every job (added to base_overrides; repeatable)")
+        sp.add_argument("--arms", metavar="NAMES",
+                        help="only these arms, comma-separated (e.g. the cells of a grid not yet run elsewhere)")
         sp.add_argument("--seeds", metavar="LIST",
                         help="only these of the spec's seeds, e.g. 6-9 or 0,2 (extend a sweep whose other "
                              "seeds ran elsewhere; run ids do not depend on it)")

@@ -114,6 +114,7 @@ class Spec:
     max_requeues: int
     description: str = ""
     extra_overrides: dict[str, Any] = field(default_factory=dict)   # from --set (already in base_overrides)
+    only_arms: tuple[str, ...] = ()   # from --arms: expand only these arms (empty: all); run ids do not depend on it
 
 
 @dataclass(frozen=True)
@@ -433,6 +434,8 @@ def expand(spec: Spec | str | os.PathLike, output: str | os.PathLike = "runs") -
     base_cfg = build_config(base, f"{spec.base}")
     jobs = []
     for arm in arms(spec):
+        if spec.only_arms and arm.name not in spec.only_arms:
+            continue
         for seed in spec.seeds:
             cfg = _arm_config(spec, base, arm, seed, str(out_root))
             rid = config_hash(cfg)

@@ -186,6 +186,7 @@ SWEEP_IDS = {  # sha256 of the comma-joined run ids of `expand`, first 12 hex di
     "table1-mini-v1": "7af609a6adbe",  # the v1 regime: the same runs as results/table1-mini-v1
     "clip-higher-stress-mini": "0e2caa91fe82",  # the runs behind results/clip-higher-stress-mini
     "smollm2-mini": "478ffedda72e",  # the runs behind results/smollm2-mini
+    "soft-punish-x-ds-mini": "d531096cd63d",  # the runs behind results/soft-punish-x-ds-mini
 }
 
 

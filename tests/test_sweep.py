@@ -464,3 +464,20 @@ def test_seeds_option_runs_a_subset_with_the_same_run_ids(tmp_path, capsys):
     assert sweep_main(["expand", str(spec), "--seeds", "6-12", "--output", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "[10, 11, 12] are not in" in err
+
+
+def test_arms_option_runs_a_subset_with_the_same_run_ids(tmp_path, capsys):
+    """`--arms` picks cells of a grid (the others ran under another sweep with the same configs)."""
+    spec = REPO / "sweeps" / "soft-punish-x-ds-mini.yaml"
+    full = {(j.arm, j.seed): j.run_id for j in expand(spec, tmp_path)}
+    new = "soft_punish-false__enabled-false,soft_punish-false__enabled-true"
+    assert sweep_main(["expand", str(spec), "--arms", new, "--seeds", "0-1", "--json", "--output", str(tmp_path)]) == 0
+    sub = json.loads(capsys.readouterr().out)
+    assert {(j["arm"], j["seed"]) for j in sub} == {(a, s) for a in new.split(",") for s in (0, 1)}
+    assert all(full[(j["arm"], j["seed"])] == j["run_id"] for j in sub)
+    # the grid's two soft-punish cells are the Table 1 ladder's last two arms: the same runs
+    ladder = {j.run_id: j.arm for j in expand(REPO / "sweeps" / "table1-mini.yaml", tmp_path)}
+    shared = {ladder[r] for (a, _), r in full.items() if r in ladder}
+    assert shared == {"token_loss", "dynamic_sampling"}
+    assert sweep_main(["expand", str(spec), "--arms", "nope", "--output", str(tmp_path)]) == 2
+    assert "'nope' not among" in capsys.readouterr().err
