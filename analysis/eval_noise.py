@@ -418,11 +418,17 @@ def noise_section(table: pd.DataFrame) -> list[str]:
             f"SD of differences{unit and ' (pp)'}": [_f(v) for v in fam["sd_diff"]],
             "noise / SD [SD₀ interval]": [f"{_f(r)} [{_f(lo)}, {_f(hi)}]" for r, lo, hi
                                            in zip(fam["ratio"], fam["ratio_lo"], fam["ratio_hi"])],
-            "share of variance": [_f(v * 100, 0) + "%" if np.isfinite(v) else "–" for v in fam["noise_var_frac"]],
+            "share of variance": [(_f(v * 100, 0) + "%" + (" (> 100%: see below)" if v > 1 else ""))
+                                  if np.isfinite(v) else "–" for v in fam["noise_var_frac"]],
         })
         if table.attrs.get("has_records"):
             shown["hierarchical bootstrap Δ [95% pct.], seeds"] = [
                 f"{_f(m)} [{_f(lo)}, {_f(hi)}], {int(n)}" if np.isfinite(m) else "–"
                 for m, lo, hi, n in zip(fam["boot_mean"], fam["boot_lo"], fam["boot_hi"], fam["boot_n_seeds"])]
         lines += ["", to_markdown(shown)]
+        if (fam["noise_var_frac"] > 1).any():
+            lines += ["A share above 100% means the independent-draws estimate is more than the whole variance of "
+                      "those differences: the two arms of a seed evaluate with the same evaluation seed, and while "
+                      "their policies are close their draws agree, so the noise in their difference is smaller "
+                      "than √2 × that of one final. Read the ratio as an upper bound there."]
     return head + lines + ["", NOISE_NOTE + " " + files, ""]
