@@ -61,23 +61,22 @@ TOGGLES: dict[str, Toggle] = {
 PAPER_STEP: dict[str, float] = {"overlong_filter": 6.0, "clip_higher": 2.0, "soft_punish": 3.0,
                                  "token_loss": 1.0, "dynamic_sampling": 8.0}
 """The paper's Table 1 step for each technique alone (AIME 2024 avg@32 points: 30 → 36 → 38 → 41 → 42 → 50)."""
-PAPER_FULL_STEP = 20.0
-"""The paper's naive GRPO → DAPO difference (30 → 50)."""
+PAPER_FULL_STEP = sum(PAPER_STEP.values())
+"""The paper's naive GRPO → DAPO difference (30 → 50): the sum of the steps."""
 
 
 def paper_delta(off: ArmInfo, on: ArmInfo, flat: dict[str, dict] | None = None) -> float:
-    """The paper's Δ for the pair ``off`` → ``on``: the step of the one technique they differ in
-    (:data:`PAPER_STEP`; a pair that isolates Clip-Higher gets +2 whatever its arms' paper
-    values), :data:`PAPER_FULL_STEP` when every technique differs, else on.paper − off.paper
-    (NaN without both). ``flat``: {arm: flattened config} (:func:`flat_arm_configs`)."""
+    """The paper's Δ for the pair ``off`` → ``on``: when every technique they differ in is off in
+    ``off`` and on in ``on``, the sum of those techniques' Table 1 steps (:data:`PAPER_STEP`: a pair
+    that isolates Clip-Higher gets +2 whatever its arms' paper values; all five, naive GRPO → DAPO,
+    give :data:`PAPER_FULL_STEP`); else on.paper − off.paper (NaN without both). ``flat``: {arm:
+    flattened config} (:func:`flat_arm_configs`)."""
     if flat and off.name in flat and on.name in flat:
         states = {t: (toggle_state(flat[off.name], t), toggle_state(flat[on.name], t)) for t in TOGGLES}
         if all(a is not None and b is not None for a, b in states.values()):
             diff = [t for t, (a, b) in states.items() if a != b]
-            if len(diff) == 1 and states[diff[0]] == (False, True):
-                return PAPER_STEP[diff[0]]
-            if len(diff) == len(TOGGLES) and all(not a and b for a, b in states.values()):
-                return PAPER_FULL_STEP
+            if diff and all(states[t] == (False, True) for t in diff):
+                return float(sum(PAPER_STEP[t] for t in diff))
     if off.paper is not None and on.paper is not None:
         return float(on.paper) - float(off.paper)
     return float("nan")
