@@ -66,20 +66,24 @@ PAPER_FULL_STEP = sum(PAPER_STEP.values())
 
 
 def paper_delta(off: ArmInfo, on: ArmInfo, flat: dict[str, dict] | None = None) -> float:
-    """The paper's Δ for the pair ``off`` → ``on``: when every technique they differ in is off in
-    ``off`` and on in ``on``, the sum of those techniques' Table 1 steps (:data:`PAPER_STEP`: a pair
-    that isolates Clip-Higher gets +2 whatever its arms' paper values; all five, naive GRPO → DAPO,
-    give :data:`PAPER_FULL_STEP`); else on.paper − off.paper (NaN without both). ``flat``: {arm:
-    flattened config} (:func:`flat_arm_configs`)."""
+    """The paper's Δ for the pair ``off`` → ``on``. A pair that switches on exactly one technique gets
+    that technique's Table 1 step (:data:`PAPER_STEP`: a pair that isolates Clip-Higher gets +2,
+    whatever paper values its arms carry); any other pair gets on.paper − off.paper when the sweep
+    gives both (naive GRPO 30 → DAPO 50: +20), else, when every technique it changes goes from off to
+    on, the sum of their steps (a 2 × 2's corner); else NaN. ``flat``: {arm: flattened config}
+    (:func:`flat_arm_configs`)."""
+    diff: list[str] = []
     if flat and off.name in flat and on.name in flat:
         states = {t: (toggle_state(flat[off.name], t), toggle_state(flat[on.name], t)) for t in TOGGLES}
         if all(a is not None and b is not None for a, b in states.values()):
             diff = [t for t, (a, b) in states.items() if a != b]
-            if diff and all(states[t] == (False, True) for t in diff):
-                return float(sum(PAPER_STEP[t] for t in diff))
+            if not all(states[t] == (False, True) for t in diff):
+                diff = []
+    if len(diff) == 1:
+        return PAPER_STEP[diff[0]]
     if off.paper is not None and on.paper is not None:
         return float(on.paper) - float(off.paper)
-    return float("nan")
+    return float(sum(PAPER_STEP[t] for t in diff)) if diff else float("nan")
 
 
 def toggle_state(flat_cfg: dict[str, Any], toggle: str) -> bool | None:
