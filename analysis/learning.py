@@ -71,7 +71,7 @@ def learning_table(tidy: pd.DataFrame, sweep: SweepInfo, final_k: int = 3) -> pd
     for arm in arms_with_runs(tidy, sweep):
         if metric is not None:
             rows.append(_row(arm, f"{metric}: final − first evaluation", _first_eval(tidy, metric, arm.name),
-                             _seed_finals(finals, arm.name), scale, equivalence_margin(metric)))
+                             _seed_finals(finals, arm.name), scale, equivalence_margin(metric, sweep.margins)))
         for m in ("rollout/reward_mean", "rollout/acc_mean"):
             if m not in has:
                 continue
@@ -79,7 +79,7 @@ def learning_table(tidy: pd.DataFrame, sweep: SweepInfo, final_k: int = 3) -> pd
             if len(w):
                 s = w.set_index("seed")
                 rows.append(_row(arm, f"{m}: last − first quarter", s["first"], s["last"],
-                                 100.0 if m in PERCENT else 1.0, equivalence_margin(m)))
+                                 100.0 if m in PERCENT else 1.0, equivalence_margin(m, sweep.margins)))
     cols = ["arm", "label", "evidence", "start", "end", "value", "lo", "hi", "level", "method", "p", "p_tost", "n",
             "verdict"]
     return pd.DataFrame(rows, columns=cols)

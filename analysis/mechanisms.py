@@ -159,7 +159,7 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
         if len(ent):
             rows.append(_diff("entropy collapse", "train/entropy, last − first quarter (nats/token)", base,
                               _by_seed(ent, "first"), _by_seed(ent, "last"), "fig2", predicted=-1,
-                              margin=equivalence_margin("train/entropy")))
+                              margin=equivalence_margin("train/entropy", sweep.margins)))
         mx, mean = w("rollout/response_len_max", base), w("rollout/response_len_mean", base)
         if len(mx) and len(mean):
             ratio = _by_seed(mx, "all") / _by_seed(mean, "all")
@@ -189,7 +189,7 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
         if len(e_off) and len(e_on):
             rows.append(_diff("Clip-Higher → entropy", "train/entropy, last quarter, on − off", pair_label,
                               _by_seed(e_off, "last"), _by_seed(e_on, "last"), "fig2", predicted=1,
-                              margin=equivalence_margin("train/entropy"), isolated=iso))
+                              margin=equivalence_margin("train/entropy", sweep.margins), isolated=iso))
     if (p := pair("token_loss")) is not None:
         off, on, pair_label, iso = p
         # the paper (Fig. 4): without it, entropy and length grow unhealthily; with it, both stay lower
@@ -198,7 +198,7 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
             if len(a) and len(b):
                 rows.append(_diff("token-level loss", f"{what}, last quarter, on − off", pair_label,
                                   _by_seed(a, "last"), _by_seed(b, "last"), "fig4", predicted=-1,
-                                  margin=equivalence_margin(metric), isolated=iso))
+                                  margin=equivalence_margin(metric, sweep.margins), isolated=iso))
     if (p := pair("soft_punish")) is not None:
         off, on, pair_label, iso = p
         for metric, what, s in (("rollout/truncated_frac", "truncated responses, %", pct),
@@ -207,7 +207,7 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
             if len(a) and len(b):
                 rows.append(_diff("soft punishment", f"{what}, last quarter, on − off", pair_label,
                                   _by_seed(a, "last", s), _by_seed(b, "last", s), "fig8", predicted=-1,
-                                  margin=equivalence_margin(metric), isolated=iso))
+                                  margin=equivalence_margin(metric, sweep.margins), isolated=iso))
     metric = sweep.metric or primary_metric(tidy)
     if (p := pair("dynamic_sampling")) is not None and metric is not None:
         off, on, pair_label, iso = p
@@ -247,7 +247,8 @@ def format_mechanisms(df: pd.DataFrame) -> pd.DataFrame:
     """The table as shown in report.md: value [interval, level], p and its test, seeds, verdict, figure."""
     return pd.DataFrame({
         "mechanism": df["mechanism"], "evidence": df["evidence"], "arm(s)": df["arms"],
-        "value [interval]": [f"{_num(v)} [{_num(lo)}, {_num(hi)}] {interval_label(m, lv)}" if np.isfinite(lo) else _num(v)
+        "value [interval]": [f"{_num(v)} [{_num(lo)}, {_num(hi)}] {interval_label(m, lv)}"
+                             if np.isfinite(lo) else _num(v)
                              for v, lo, hi, lv, m in zip(df["value"], df["lo"], df["hi"], df["level"], df["method"])],
         "predicts": df["predicts"],
         "p (test)": ["–" if not np.isfinite(p) else f"{p:.3f} ({t})" for p, t in zip(df["p"], df["test"])],

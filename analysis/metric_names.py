@@ -111,10 +111,13 @@ def metric_label(metric: str, scale: float = 1.0) -> str:
     return lab if scale == 100 or "(%)" not in lab else lab.replace(" (%)", " (fraction)")
 
 
-def equivalence_margin(metric: str | None) -> float | None:
-    """The declared margin of ``metric`` (:data:`EQUIVALENCE_MARGINS`, in its shown unit); None if none."""
+def equivalence_margin(metric: str | None, declared: dict[str, float] | None = None) -> float | None:
+    """The margin of ``metric`` in its shown unit: the sweep's own (``declared``, its spec's
+    ``margins``) if it names the metric, else :data:`EQUIVALENCE_MARGINS`; None if neither has one."""
     if not metric:
         return None
+    if declared and metric in declared:
+        return float(declared[metric])
     if EVAL_RE.match(metric):
         return EQUIVALENCE_MARGINS["eval"]
     return EQUIVALENCE_MARGINS.get(metric)

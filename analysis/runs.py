@@ -85,6 +85,7 @@ class SweepInfo:
     metric: str | None = None                  # primary eval metric (None: metric_names.primary_metric)
     final_k: int = 3                           # "final" = mean of the last final_k evaluations
     title_tag: str | None = None               # figure titles "Fig. 2 (<tag>): ..."; None: "mini" unless AIME
+    margins: dict[str, float] = field(default_factory=dict)  # metric → declared TOST margin (the spec's ``margins``)
 
     def __post_init__(self):
         if self.kind not in SWEEP_KINDS:

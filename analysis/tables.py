@@ -26,7 +26,8 @@ from .stats import (SEEDS_NEEDED_METHOD, effect_verdict, holm, interval_label, p
                     seeds_needed_sign_flip, t_interval)
 
 __all__ = ["table1", "format_table1", "table1_footnote", "primary_pairs", "family_table", "format_family",
-           "decision_rule", "loop_seconds", "compare_table", "paired_line", "cost_ledger", "format_cost", "COST_NOTE", "to_markdown", "to_csv", "to_latex"]
+           "decision_rule", "loop_seconds", "compare_table", "paired_line", "cost_ledger", "format_cost", "COST_NOTE",
+           "to_markdown", "to_csv", "to_latex"]
 
 TABLE1_COLUMNS = ["arm", "label", "ours", "ci_lo", "ci_hi", "n_seeds", "paper", "diff",
                   "grad_steps", "rollout_steps", "wall_min",
@@ -98,7 +99,7 @@ def family_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = No
     pairs = primary_pairs(tidy, sweep, configs) if metric else []
     finals = run_finals(tidy, metric, final_k) if metric else None
     acfg = flat_arm_configs(tidy, sweep, configs)
-    margin = equivalence_margin(metric)
+    margin = equivalence_margin(metric, sweep.margins)
     m = len(pairs)
     rows = []
     for off, on in pairs:
@@ -393,7 +394,7 @@ def paired_line(tidy: pd.DataFrame, off: ArmInfo, on: ArmInfo, metric: str, fina
     (exploratory: a pair of the primary family has its adjusted verdict in the family table)."""
     scale = metric_scale(tidy, metric)
     unit = " pp" if scale == 100 else ""
-    margin = equivalence_margin(metric)
+    margin = equivalence_margin(metric, sweep.margins if sweep is not None else None)
     r = paired_diff(_seed_finals(run_finals(tidy, metric, final_k), off.name, scale),
                     _seed_finals(run_finals(tidy, metric, final_k), on.name, scale), margin=margin)
     if r.n == 0:
@@ -408,7 +409,8 @@ def paired_line(tidy: pd.DataFrame, off: ArmInfo, on: ArmInfo, metric: str, fina
         need = seeds_needed_sign_flip(r.sd, delta, POWER, ALPHA)
         lo_sd, hi_sd = sd_interval(r.sd, r.n)
         lo, hi = (seeds_needed_sign_flip(x, delta, POWER, ALPHA) for x in (lo_sd, hi_sd))
-        paper = (f"; seeds for the paper's Δ ({_fmt_need(need, lo if lo is not None else np.nan, hi if hi is not None else np.nan, delta)}"
+        lo, hi = (np.nan if v is None else v for v in (lo, hi))
+        paper = (f"; seeds for the paper's Δ ({_fmt_need(need, lo, hi, delta)}"
                  f", 80% power, α = 0.05 unadjusted)" if need is not None else "")
     else:
         paper = "; no paper values for this pair, so no seeds-needed"

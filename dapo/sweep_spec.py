@@ -14,6 +14,8 @@ metric the analysis reads and the resources one job needs::
       - {name: overlong_filter, label: + overlong filtering, overrides: {algo.overlong.filter: true}, paper: 36}
     grid: {algo.clip.eps_high: [0.2, 0.28]}       # kind grid only: the product of the values
     paper: {arm_name: 41.0}              # optional paper value per arm (grid; or any kind)
+    margins: {train/entropy: 0.005}      # optional: equivalence (TOST) margins per metric, in the unit
+                                         # the report shows (% for accuracies); defaults: docs/STATISTICS.md
     seeds: [0, 1, 2]
     metric: eval/aime24/avg_at_32        # primary eval metric of the analysis
     final_k: 3                           # final value = mean of the last final_k evaluations
@@ -115,6 +117,7 @@ class Spec:
     description: str = ""
     extra_overrides: dict[str, Any] = field(default_factory=dict)   # from --set (already in base_overrides)
     only_arms: tuple[str, ...] = ()   # from --arms: expand only these arms (empty: all); run ids do not depend on it
+    margins: dict[str, float] = field(default_factory=dict)   # metric → TOST margin (shown unit), for the analysis
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,8 @@ class Job:
 
 
 _TOP_KEYS = {"name", "description", "base", "base_overrides", "kind", "techniques", "baseline", "full",
-             "grid", "paper", "seeds", "metric", "final_k", "resources", "max_concurrent", "max_requeues"}
+             "grid", "paper", "seeds", "metric", "final_k", "resources", "max_concurrent", "max_requeues",
+             "margins"}
 _TECH_KEYS = {"name", "label", "overrides", "paper"}
 
 
@@ -305,13 +309,20 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
         raise ConfigError(f"{where}: seeds = {list(seeds)}: a seed repeats")
     metric = check_text(raw["metric"], "metric", where)
     final_k = check_int(raw.get("final_k", 3), "final_k", where, lo=1)
+    margins = {}
+    for k, v in check_mapping(raw.get("margins"), "margins", where).items():
+        m = check_number(v, f"margins.{k}", where)
+        if not m > 0:
+            raise ConfigError(f"{where}: margins.{str(k)[:200]} = {show(v)}: an equivalence margin must be > 0")
+        margins[check_text(k, "margins (metric name)", where)] = float(m)
     resources = _resources(raw.get("resources"), where)
     spec = Spec(path=path, name=name, base=base, kind=kind, base_overrides=base_overrides,
                 techniques=techniques, baseline=baseline, full=full, grid=grid, paper=paper, seeds=seeds,
                 metric=metric, final_k=final_k, resources=resources,
                 max_concurrent=check_int(raw.get("max_concurrent", 1), "max_concurrent", where, lo=1),
                 max_requeues=check_int(raw.get("max_requeues", 3), "max_requeues", where, lo=0),
-                description=str(raw.get("description", "")), extra_overrides=dict(extra_overrides or {}))
+                description=str(raw.get("description", "")), extra_overrides=dict(extra_overrides or {}),
+                margins=margins)
     names = [a.name for a in arms(spec)]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
@@ -449,5 +460,6 @@ def sweep_info(spec: Spec | str | os.PathLike) -> dict:
     if not isinstance(spec, Spec):
         spec = load_spec(spec)
     return {"name": spec.name, "kind": spec.kind, "metric": spec.metric, "final_k": spec.final_k,
+            **({"margins": dict(spec.margins)} if spec.margins else {}),
             "arms": [{"name": a.name, "label": a.label, "overrides": dict(a.overrides), "paper": a.paper}
                      for a in arms(spec)]}

@@ -3,6 +3,8 @@ interval, Holm and TOST against the libraries and by hand, seeds-needed confirme
 test it is for, and the property that no verdict disagrees with its own test."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -173,3 +175,31 @@ def test_paired_rows_decide_from_their_own_p(d):
     v = effect_verdict(r.mean, r.p, r.p_tost, predicted=1)
     assert (v in ("acts", "opposite")) == (r.p <= 0.05)
     assert (v == "bounded null") == (r.p > 0.05 and r.p_tost <= 0.05)
+
+
+def test_a_sweep_declares_its_own_margins(tmp_path):
+    """`margins:` in a sweep spec overrides the default equivalence margin of a metric (the report's
+    TOST uses it); a margin that is not positive is one error naming the key."""
+    from dapo.config import ConfigError
+    from dapo.sweep_spec import load_spec, sweep_info
+    from analysis.metric_names import equivalence_margin
+    from analysis.runs import SweepInfo
+    src = (Path(__file__).resolve().parents[1] / "sweeps" / "clip-higher-stress-mini.yaml").read_text()
+    base = str(Path(__file__).resolve().parents[1] / "experiments" / "mini-dapo.yaml")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(src.replace("base: experiments/mini-dapo.yaml", f"base: {base}")
+                    + "margins: {train/entropy: 0.02, eval/arith-eval/avg_at_8: 0.5}\n")
+    info = SweepInfo.from_dict(sweep_info(load_spec(spec)))
+    assert info.margins == {"train/entropy": 0.02, "eval/arith-eval/avg_at_8": 0.5}
+    assert equivalence_margin("train/entropy", info.margins) == 0.02
+    assert equivalence_margin("rollout/response_len_mean", info.margins) == 2.0      # the default stays
+    assert equivalence_margin("eval/x/avg_at_4") == 1.0 and equivalence_margin("nope") is None
+    from analysis.runs import load_snapshot
+    from analysis.tables import family_table
+    tidy, configs, _ = load_snapshot(Path(__file__).resolve().parents[1] / "results" / "clip-higher-stress-mini"
+                                     / "snapshot")
+    f = family_table(tidy, info, configs, 2)
+    assert f["margin"].tolist() == [0.5]
+    spec.write_text(spec.read_text().replace("train/entropy: 0.02", "train/entropy: 0"))
+    with pytest.raises(ConfigError, match="margins.train/entropy = 0: an equivalence margin must be > 0"):
+        load_spec(spec)
