@@ -36,7 +36,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from .arms import TOGGLES, arms_with_runs, baseline_arm, dapo_arm, find_pair, flat_arm_configs
-from .metric_names import (EVAL_RE, LABELS, X_LABELS, dataset_name, is_paper_metric, mask_undefined, metric_label,
+from .metric_names import (EVAL_RE, LABELS, PROBABILITY, X_LABELS, dataset_name, is_paper_metric, mask_undefined, metric_label,
                            metric_scale, metric_short, primary_metric)
 from .runs import ArmInfo, SweepInfo, arm_order
 from .stats import ALPHA, BAND_METHOD, seed_band
@@ -229,6 +229,8 @@ def _draw(ctx: _Ctx, ax, metric: str, arm: ArmInfo, *, color=None, label=None, l
           xvalues: pd.Series | None = None) -> bool:
     """Mean over seeds (line) and its band (fill, :data:`BAND_METHOD`) of one arm; False if nothing logged.
 
+    The band of a fraction drawn in % is clipped to [0, 100], a probability's to [0, 1]; a band point with no band on either side
+    (it would draw nothing) is dropped, so it does not size the axis.
     In an arm with several seeds, a point only one seed has (n = 1) is not part of the line (a gap,
     as for a point no seed has; it has no band either): it is drawn as a hollow marker (no label),
     and ``ctx.drawn`` records it for the figure's note. A dense line (no markers) marks a point
@@ -245,9 +247,15 @@ def _draw(ctx: _Ctx, ax, metric: str, arm: ArmInfo, *, color=None, label=None, l
     line = np.where(single, np.nan, mean)
     if ctx.aligned(metric, arm.name):
         ctx.drawn.setdefault("aligned", {})[arm.label] = None
+    lo, hi = b["lo"].to_numpy(dtype=float) * s, b["hi"].to_numpy(dtype=float) * s
+    top = 100.0 if s == 100 else (1.0 if metric in PROBABILITY else None)
+    if top is not None:                            # a fraction's or a probability's band stays in its range
+        lo, hi = np.clip(lo, 0.0, top), np.clip(hi, 0.0, top)
+    has = np.isfinite(lo) & np.isfinite(hi)
+    lone = has & ~np.r_[False, has[:-1]] & ~np.r_[has[1:], False]  # a band point between gaps draws nothing
+    lo, hi = np.where(lone, np.nan, lo), np.where(lone, np.nan, hi)  # ... and must not size the axis
     with matplotlib.rc_context(STYLE):
-        ax.fill_between(xv, b["lo"].to_numpy() * s, b["hi"].to_numpy() * s, color=color,
-                        alpha=0.18, linewidth=0)
+        ax.fill_between(xv, lo, hi, color=color, alpha=0.18, linewidth=0)
         sparse = len(b) <= 40
         ok = np.isfinite(line)
         alone = ok & ~np.r_[False, ok[:-1]] & ~np.r_[ok[1:], False]      # finite, both neighbours not

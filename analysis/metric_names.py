@@ -13,7 +13,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-__all__ = ["EVAL_RE", "LABELS", "X_LABELS", "PAPER_METRIC", "UNDEFINED_WHEN_ZERO", "eval_metrics", "primary_metric",
+__all__ = ["EVAL_RE", "LABELS", "X_LABELS", "PROBABILITY", "PAPER_METRIC", "UNDEFINED_WHEN_ZERO", "eval_metrics", "primary_metric",
            "metric_short", "dataset_name", "metric_scale", "metric_label", "is_paper_metric", "mask_undefined",
            "EQUIVALENCE_MARGINS", "equivalence_margin"]
 
@@ -35,6 +35,8 @@ LABELS = {
 PERCENT = {"sampling/all_correct_frac", "sampling/all_wrong_frac", "rollout/acc_mean",
            "rollout/truncated_frac", "train/clip_frac_high", "train/clip_frac_low"}
 """Non-eval metrics that are fractions in [0, 1] (shown in %)."""
+PROBABILITY = {"train/token_prob_mean", "train/up_clipped_prob_mean"}
+"""Non-eval metrics that are probabilities, shown as logged, in [0, 1] (a band is clipped there)."""
 X_LABELS = {"grad_step": "gradient step", "rollout_step": "rollout step"}
 PAPER_METRIC = "eval/aime24/avg_at_32"
 """The metric of the paper's Table 1 and figures (AIME 2024 avg@32): only a sweep scored by it

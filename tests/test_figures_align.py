@@ -152,3 +152,24 @@ def test_a_dense_line_marks_a_point_left_between_gaps():
     F._draw(F._context(full, sweep, "grad_step", None), ax[0], EVAL, sweep.arms[0])
     (line,) = ax[0].get_lines()
     assert line.get_marker() in (None, "None", "") and line.get_markevery() is None
+
+
+def test_a_fractions_band_stays_in_0_100_and_a_lone_band_point_does_not_size_the_axis():
+    """Three seeds near 0%: the t band would reach below 0; drawn in %, it is clipped at 0. A band
+    point with no band beside it (the other points have one seed) draws nothing and is dropped."""
+    t = _tidy({("a", 0): [(0, 0, 0.0), (1, 10, 0.01), (2, 20, 0.02)],
+               ("a", 1): [(0, 0, 0.03), (1, 10, 0.0), (2, 20, 0.04)],
+               ("a", 2): [(0, 0, 0.0), (1, 10, 0.05), (2, 20, 0.0)]})
+    sweep = SweepInfo(name="s", kind="grid", arms=(ArmInfo("a", "arm A"),))
+    assert (seed_band(t, EVAL)["lo"] < 0).all()                          # the raw t band goes below 0
+    ctx = F._context(t, sweep, "grad_step", None)
+    fig, ax = F._new_figure()
+    F._draw(ctx, ax[0], EVAL, sweep.arms[0])
+    lo, hi = F._data_range(ax[0])
+    assert lo >= 0.0 and hi <= 100.0
+    lone = _tidy({("a", 0): [(0, 0, 0.1), (1, 10, 0.5), (2, 20, 0.2)],
+                  ("a", 1): [(1, 10, 0.9)]})                          # only step 1 has two seeds
+    ctx = F._context(lone, sweep, "grad_step", None)
+    fig, ax = F._new_figure()
+    F._draw(ctx, ax[0], EVAL, sweep.arms[0])
+    assert F._data_range(ax[0])[1] < 100.0 * (0.7 + 0.2)                  # not sized by step 1's wide band
