@@ -24,7 +24,7 @@ from .metric_names import primary_metric
 from .runs import ArmInfo, SweepInfo, arm_order
 
 __all__ = ["TOGGLES", "PAPER_STEP", "PAPER_FULL_STEP", "paper_delta", "Toggle", "Pair", "toggle_state", "arm_configs", "flat_arm_configs", "arms_with_runs",
-           "find_pair", "exact_pairs", "dapo_arm", "baseline_arm", "infer_sweep_info"]
+           "find_pair", "exact_pairs", "toggle_states", "dapo_arm", "baseline_arm", "infer_sweep_info"]
 
 
 # --------------------------------------------------------------------------- techniques
@@ -74,7 +74,7 @@ def paper_delta(off: ArmInfo, on: ArmInfo, flat: dict[str, dict] | None = None) 
     (:func:`flat_arm_configs`)."""
     diff: list[str] = []
     if flat and off.name in flat and on.name in flat:
-        states = {t: (toggle_state(flat[off.name], t), toggle_state(flat[on.name], t)) for t in TOGGLES}
+        states = toggle_states(flat[off.name], flat[on.name])
         if all(a is not None and b is not None for a, b in states.values()):
             diff = [t for t, (a, b) in states.items() if a != b]
             if not all(states[t] == (False, True) for t in diff):
@@ -84,6 +84,11 @@ def paper_delta(off: ArmInfo, on: ArmInfo, flat: dict[str, dict] | None = None) 
     if off.paper is not None and on.paper is not None:
         return float(on.paper) - float(off.paper)
     return float(sum(PAPER_STEP[t] for t in diff)) if diff else float("nan")
+
+
+def toggle_states(off_cfg: dict[str, Any], on_cfg: dict[str, Any]) -> dict[str, tuple[bool | None, bool | None]]:
+    """{technique: (its state in off_cfg, in on_cfg)} for every technique of :data:`TOGGLES` (None: not known)."""
+    return {t: (toggle_state(off_cfg, t), toggle_state(on_cfg, t)) for t in TOGGLES}
 
 
 def toggle_state(flat_cfg: dict[str, Any], toggle: str) -> bool | None:
@@ -198,19 +203,17 @@ def exact_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = Non
     arms = arms_with_runs(tidy, sweep)
     acfg = _acfg if _acfg is not None else flat_arm_configs(tidy, sweep, configs)
     out = []
-    for toggle, t in TOGGLES.items():
-        own = set(t.keys)
-        for off in arms:
-            for on in arms:
-                co, cn = acfg[off.name], acfg[on.name]
-                if toggle_state(co, toggle) is not False or toggle_state(cn, toggle) is not True:
-                    continue
-                if any(toggle_state(co, o) != toggle_state(cn, o) for o in TOGGLES if o != toggle):
-                    continue
-                if any(k not in own and _differ(co.get(k), cn.get(k)) for k in set(co) | set(cn)):
-                    continue
-                out.append(Pair(toggle, off, on))
-    return out
+    for off in arms:
+        for on in arms:
+            co, cn = acfg[off.name], acfg[on.name]
+            diff = [(t, s) for t, s in toggle_states(co, cn).items() if s[0] != s[1]]
+            if len(diff) != 1 or diff[0][1] != (False, True):
+                continue
+            own = set(TOGGLES[diff[0][0]].keys)
+            if not any(k not in own and _differ(co.get(k), cn.get(k)) for k in set(co) | set(cn)):
+                out.append(Pair(diff[0][0], off, on))
+    order = list(TOGGLES)
+    return sorted(out, key=lambda p: order.index(p.toggle))           # stable: arm order within a technique
 
 
 def dapo_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,

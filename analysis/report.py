@@ -392,11 +392,11 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
         except ValueError as exc:                 # no such experiment: the message lists the ones there
             raise InputError(str(exc)) from None
         merged, earlier = [], []
+        arm_of = _spec_run_arms(args.spec) if args.spec and args.with_snapshot else None
         for d in args.with_snapshot:
             if not (Path(d) / "runs.parquet").exists():
                 raise InputError(f"--with-snapshot {d}: no snapshot there (runs.parquet missing)")
-            tidy, configs, rec = merge_snapshot(tidy, configs, d, arm_of=_spec_run_arms(args.spec) if args.spec
-                                                else None, sweep_name=name)
+            tidy, configs, rec = merge_snapshot(tidy, configs, d, arm_of=arm_of, sweep_name=name)
             merged.append(rec)
             earlier.append(load_problems(d))
             print(f"[figures] {rec['n_runs']} runs added from {d} (commit {rec['commit']})", file=sys.stderr)

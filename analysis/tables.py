@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .arms import (TOGGLES, arms_with_runs, baseline_arm, dapo_arm, exact_pairs, flat_arm_configs, paper_delta,
-                   toggle_state)
+                   toggle_states)
 from .metric_names import (dataset_name, equivalence_margin, is_paper_metric, mask_undefined, metric_scale,
                            metric_short, primary_metric)
 from .runs import ArmInfo, SweepInfo
@@ -71,8 +71,7 @@ def _isolates(off: ArmInfo, on: ArmInfo, acfg: dict) -> str:
     """The technique the pair isolates ("clip_higher"), "all" (GRPO → DAPO), or "" (several, or unknown)."""
     if off.name not in acfg or on.name not in acfg:
         return ""
-    st = [(t, toggle_state(acfg[off.name], t), toggle_state(acfg[on.name], t)) for t in TOGGLES]
-    diff = [t for t, a, b in st if a != b]
+    diff = [t for t, (a, b) in toggle_states(acfg[off.name], acfg[on.name]).items() if a != b]
     if len(diff) == 1:
         return diff[0]
     return "all" if len(diff) == len(TOGGLES) else ""
@@ -395,8 +394,8 @@ def paired_line(tidy: pd.DataFrame, off: ArmInfo, on: ArmInfo, metric: str, fina
     scale = metric_scale(tidy, metric)
     unit = " pp" if scale == 100 else ""
     margin = equivalence_margin(metric, sweep.margins if sweep is not None else None)
-    r = paired_diff(_seed_finals(run_finals(tidy, metric, final_k), off.name, scale),
-                    _seed_finals(run_finals(tidy, metric, final_k), on.name, scale), margin=margin)
+    finals = run_finals(tidy, metric, final_k)
+    r = paired_diff(_seed_finals(finals, off.name, scale), _seed_finals(finals, on.name, scale), margin=margin)
     if r.n == 0:
         return f"Paired over seeds on `{metric}`: no seed ran in both arms.\n"
     test = f"exact sign-flip, 2^{r.n} = {2 ** r.n} flips" if r.exact else "Monte Carlo sign flips"
