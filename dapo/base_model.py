@@ -161,10 +161,9 @@ def _rows_to_tensors(p_ids: list[list[int]], s_ids: list[list[int]], eos: int, p
 def _sft_batches(recipe: Recipe, tokenizer):
     """Yield, for each step, a list of ``recipe.length_buckets`` chunks (ids, labels, mask), each
     [B_c, T_c] (see :func:`_rows_to_tensors`); with several, rows are sorted by length first."""
-    from dapo.minitask import eval_prompts, iter_problems, solve
+    from dapo.minitask import sft_stream, solve
 
-    stream = iter_problems(f"dapo-sft:{recipe.seed}", n_ops=recipe.n_ops,
-                           operand_max=recipe.operand_max, exclude=eval_prompts())
+    stream = sft_stream(recipe.seed, n_ops=recipe.n_ops, operand_max=recipe.operand_max)
     style_rng = random.Random(f"dapo-sft-style:{recipe.seed}")
     names, weights = zip(*recipe.styles)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id

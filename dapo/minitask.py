@@ -32,8 +32,18 @@ imports nothing from ``dapo``):
   one-operation problems with operands 1–12, so the train split samples with
   replacement (12,470 distinct prompts among the 20,000).
 
-The supervised warm-up (:mod:`dapo.base_model`) draws its own stream with another
-seed, with the same exclusion of ``arith-eval`` prompts.
+- ``arith-fresh``: a second held-out set made after the v2 regime was calibrated on
+  ``arith-eval`` (so no choice of the regime saw it): 200 distinct problems, seed
+  ``FRESH_SEED``, 2 and 3 operations in equal shares, none of them a prompt that any
+  stage saw: not in ``arith-eval``, ``arith-train`` or the first ``SFT_DRAWS`` problems of
+  the supervised stream of seed 0 (what the shipped base recipes train on). It has no
+  one-operation problem because none is left unseen (all 432 are in ``arith-eval`` or the
+  supervised stream), and its 2-operation problems are the ~15% of that space the
+  supervised stream missed, so its accuracy is not comparable with ``arith-eval``'s; the
+  differences between arms are what it checks.
+
+The supervised warm-up (:mod:`dapo.base_model`) draws its own stream (:func:`sft_stream`)
+with another seed, with the same exclusion of ``arith-eval`` prompts.
 """
 from __future__ import annotations
 
@@ -48,6 +58,12 @@ EVAL_SEED = 20250314
 TRAIN_SEED = 1
 N_EVAL = 200
 N_TRAIN = 20_000
+FRESH_SEED = 20261204
+N_FRESH = 200
+FRESH_N_OPS: tuple[int, int] = (2, 3)
+SFT_DRAWS = 51_200
+"""Problems of the supervised stream that ``arith-fresh`` avoids: the shipped base recipes'
+400 steps x 128 problems (a test checks this against :data:`dapo.base_model.NAMED_RECIPES`)."""
 DEFAULT_OPERAND_MAX = 12
 DEFAULT_N_OPS: tuple[int, int] = (1, 3)
 
@@ -212,6 +228,28 @@ def eval_problems(
 def eval_prompts(**kwargs) -> frozenset[str]:
     """Prompt strings of the held-out set (what every training stream excludes)."""
     return frozenset(p["prompt"] for p in eval_problems(**kwargs))
+
+
+def sft_stream(seed: int, *, n_ops: tuple[int, int] = DEFAULT_N_OPS,
+               operand_max: int = DEFAULT_OPERAND_MAX) -> Iterator[dict]:
+    """The supervised stage's endless problem stream for base-recipe seed ``seed`` (no
+    ``arith-eval`` prompt); :mod:`dapo.base_model` takes ``steps x batch_size`` from it."""
+    return iter_problems(f"dapo-sft:{seed}", n_ops=n_ops, operand_max=operand_max, exclude=eval_prompts())
+
+
+def seen_prompts() -> frozenset[str]:
+    """Every prompt a shipped stage saw: ``arith-eval``, ``arith-train`` and the first
+    :data:`SFT_DRAWS` problems of seed 0's supervised stream."""
+    sft = sft_stream(0)
+    return (eval_prompts() | {p["prompt"] for p in make_split("train", N_TRAIN, TRAIN_SEED)}
+            | {next(sft)["prompt"] for _ in range(SFT_DRAWS)})
+
+
+def fresh_problems(n: int = N_FRESH, seed: int = FRESH_SEED) -> list[dict]:
+    """The second held-out set ``arith-fresh``: ``n`` distinct problems, 2 and 3 operations
+    in equal shares, none in :func:`seen_prompts`."""
+    it = iter_problems(seed, n_ops=FRESH_N_OPS, stratified=True, unique=True, exclude=seen_prompts())
+    return [next(it) for _ in range(n)]
 
 
 def make_split(

@@ -313,3 +313,24 @@ def test_length_buckets_sort_rows_and_keep_every_row():
     assert n_target(one) == n_target(four)  # same rows, same supervised tokens
     widths = [c[0].shape[1] for c in four]
     assert widths == sorted(widths) and sum(int(c[2].sum()) for c in four) == int(one[0][2].sum())
+
+
+def test_fresh_split_is_unseen_balanced_and_pinned():
+    """arith-fresh: 2 and 3 ops in equal shares, distinct, no prompt that arith-eval,
+    arith-train or the shipped base models' supervised stream holds; pinned digest; and
+    SFT_DRAWS covers every shipped recipe's supervised problems."""
+    import hashlib
+    import json
+
+    from dapo.base_model import NAMED_RECIPES, Recipe
+    from dapo.data import load_dataset
+
+    fresh = minitask.fresh_problems()
+    prompts = [p["prompt"] for p in fresh]
+    assert len(prompts) == len(set(prompts)) == minitask.N_FRESH
+    assert sorted(p["n_ops"] for p in fresh) == [2] * 100 + [3] * 100
+    assert not set(prompts) & minitask.seen_prompts()
+    assert all(Recipe(**kw).steps * Recipe(**kw).batch_size <= minitask.SFT_DRAWS for kw in NAMED_RECIPES.values())
+    assert hashlib.sha256(json.dumps(fresh).encode()).hexdigest()[:12] == "abca159fea75"
+    ex, _ = load_dataset("arith-fresh")
+    assert [e.prompt for e in ex] == prompts and all(e.source == "arith-fresh" for e in ex)
