@@ -30,6 +30,8 @@ COMMANDS = {
                           "exit 1 when it does not fit"),
     "figures": ("analysis.report", "a sweep's figures, Table 1 and report.md: from the runs in --runs DIR (or "
                                    "--from-snapshot) into --to DIR"),
+    "eval": ("dapo.eval_cmd", "evaluate a run's checkpoint, a model dir or a named model by a protocol: k samples "
+                              "per problem, pass@k / maj@k curves, per-sample records (resumable)"),
     "base": ("dapo.base_model", "build (or reuse) the tiny supervised base model of the mini reproduction"),
     "demo": ("dapo.demo", "GRPO vs DAPO on the tiny model, end to end, into results/demo/"),
 }
@@ -45,6 +47,7 @@ Every command reads the same typed config (dapo/config.py). Examples:
   dapo plan experiments/paper-dapo-32b.yaml --cluster example-gpu-cluster
   dapo sweep submit sweeps/table1-mini.yaml --cluster local
   dapo figures sweeps/table1-mini.yaml --from-snapshot
+  dapo eval runs/<run dir> --step 30
 """
 
 

@@ -15,10 +15,11 @@ from dapo import algo
 from dapo.config import Config
 from dapo.eval_records import make_record, problem_id, prompt_hash
 from dapo.rewards import extract_answer, get_scorer
-from dapo.rollout import generate_round
+from dapo.rollout import generate_round, round_seed
 from dapo.run_data import example_key
 
-__all__ = ["evaluate", "problem_scores"]
+__all__ = ["evaluate", "problem_scores", "eval_seed", "sampling_spec", "sample_records", "set_metrics",
+           "by_problem"]
 
 
 def _judge(ex, comps) -> tuple[list[bool], list[str | None]]:
@@ -37,6 +38,56 @@ def problem_scores(ex, comps) -> tuple[float, float, float]:
     return _scores(*_judge(ex, comps))
 
 
+def eval_seed(train_seed: int, rollout_step: int) -> int:
+    """The seed of the evaluation at ``rollout_step`` of a run with ``train.seed`` = ``train_seed``
+    (``dapo eval RUN --step S`` uses it to reproduce the logged evaluation)."""
+    return round_seed(train_seed, rollout_step, 0, salt=99)
+
+
+def sampling_spec(cfg: Config, seed: int | None):
+    """The evaluation's sampling settings: ``eval.k`` samples, ``eval.temperature``/``top_p``,
+    cap ``eval.max_new_tokens`` (else ``rollout.max_new_tokens``)."""
+    from dapo.engines import SamplingSpec
+    return SamplingSpec(n=cfg.eval.k, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
+                        max_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, seed=seed)
+
+
+def sample_records(engine, set_name: str, examples: list, prompt_tokens, spec,
+                   seeds: list[int] | None = None) -> list[dict[str, Any]]:
+    """``spec.n`` samples of each example as records (:mod:`dapo.eval_records`; ``step`` and
+    ``grad_step`` null), problem-major, scored by each problem's scorer. ``seeds``: one per
+    example, overriding the ones the engine derives from ``spec.seed`` (a slice of a longer call's)."""
+    prompts = [prompt_tokens[example_key(ex)] for ex in examples]                               # [P]
+    outs = engine.generate(prompts, spec, seeds=seeds) if seeds is not None else generate_round(engine, prompts, spec)
+    records = []
+    for ex, ids, comps in zip(examples, prompts, outs):                                       # [P][k]
+        corr, answers = _judge(ex, comps)
+        records += [make_record(set=set_name, problem=problem_id(example_key(ex)), sample=j, seed=spec.seed,
+                                prompt_hash=prompt_hash(ids), answer=answers[j], correct=corr[j],
+                                length=len(c.token_ids), finished=bool(c.finished), response=c.text)
+                    for j, c in enumerate(comps)]
+    return records
+
+
+def by_problem(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Records grouped by problem, in first-seen order (each group in sample order as given)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        groups.setdefault(rec["problem"], []).append(rec)
+    return list(groups.values())
+
+
+def set_metrics(set_name: str, records: list[dict[str, Any]], k: int) -> dict[str, float]:
+    """``eval/<set>/avg_at_k``, ``pass_at_k``, ``cons_at_k`` and ``response_len_mean`` of one set's
+    records (k per problem): the per-problem numbers of :mod:`dapo.algo`, then their mean."""
+    scores = [_scores([r["correct"] for r in g], [r["answer"] for r in g]) for g in by_problem(records)]
+    avg, pas, cons = zip(*scores) if scores else ((), (), ())
+    short = set_name.replace("/", "_")
+    return {f"eval/{short}/avg_at_{k}": float(np.mean(avg)), f"eval/{short}/pass_at_{k}": float(np.mean(pas)),
+            f"eval/{short}/cons_at_{k}": float(np.mean(cons)),
+            f"eval/{short}/response_len_mean": float(np.mean([r["length"] for r in records]))}
+
+
 def evaluate(engine, eval_sets: dict[str, list], prompt_tokens, cfg: Config,
              seed: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """avg@k, pass@k, cons@k and the mean response length per eval set, from k samples per problem;
@@ -46,27 +97,12 @@ def evaluate(engine, eval_sets: dict[str, list], prompt_tokens, cfg: Config,
     least one correct sample; cons@k = mean over problems of the majority-vote answer's
     correctness (ties: the mean over the tied answers, ``algo.cons_at_k``).
     """
-    from dapo.engines import SamplingSpec
-    k = cfg.eval.k
+    spec = sampling_spec(cfg, seed)
     out: dict[str, float] = {}
     records: list[dict[str, Any]] = []
     for name, examples in eval_sets.items():
-        spec = SamplingSpec(n=k, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
-                            max_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, seed=seed)
-        prompts = [prompt_tokens[example_key(ex)] for ex in examples]                           # [P]
-        outs = generate_round(engine, prompts, spec)                                           # [P][k]
-        judged = [_judge(ex, comps) for ex, comps in zip(examples, outs)]                      # [P] × ([k], [k])
-        scores = [_scores(corr, answers) for corr, answers in judged]                          # [P] × 3
-        avg, pas, cons = zip(*scores) if scores else ((), (), ())
-        lens = [len(c.token_ids) for comps in outs for c in comps]
         short = name.replace("/", "_")
-        out[f"eval/{short}/avg_at_{k}"] = float(np.mean(avg))
-        out[f"eval/{short}/pass_at_{k}"] = float(np.mean(pas))
-        out[f"eval/{short}/cons_at_{k}"] = float(np.mean(cons))
-        out[f"eval/{short}/response_len_mean"] = float(np.mean(lens))
-        for ex, ids, comps, (corr, answers) in zip(examples, prompts, outs, judged):
-            records += [make_record(set=short, problem=problem_id(example_key(ex)), sample=j, seed=seed,
-                                    prompt_hash=prompt_hash(ids), answer=answers[j], correct=corr[j],
-                                    length=len(c.token_ids), finished=bool(c.finished), response=c.text)
-                        for j, c in enumerate(comps)]
+        recs = sample_records(engine, short, examples, prompt_tokens, spec)
+        out.update(set_metrics(short, recs, spec.n))
+        records += recs
     return out, records

@@ -131,13 +131,18 @@ def check_sources(cfg: Config, where: str) -> None:
     _check_model(cfg.model.path, where)
 
 
+def check_model(name: str, where: str) -> None:
+    """Raise ConfigError unless ``name`` names a model this machine can load (a hub id: reachable or cached)."""
+    if _check_model(name, where):
+        _check_hub_model(name, where)
+
+
 def check_run(cfg: Config, where: str) -> None:
     """:func:`check_sources`, a reachable hub id, and the local data files read as the run will read them."""
     from dapo.data import load_dataset
     from dapo.prompts import DataError
     check_sources(cfg, where)
-    if _check_model(cfg.model.path, where):
-        _check_hub_model(cfg.model.path, where)
+    check_model(cfg.model.path, where)
     template = None if cfg.data.template == "default" else cfg.data.template
     sources = [("data.train", cfg.data.train, template)] + [
         (f"eval.datasets[{i}].name", d.name, None) for i, d in enumerate(cfg.eval.datasets)]

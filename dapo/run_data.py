@@ -13,7 +13,7 @@ from typing import Any
 
 from dapo.config import Config
 
-__all__ = ["load_run_data", "short_prompts", "example_key"]
+__all__ = ["load_run_data", "load_eval_sets", "short_prompts", "example_key"]
 
 
 def example_key(ex) -> tuple:
@@ -21,25 +21,52 @@ def example_key(ex) -> tuple:
     return (ex.source, ex.index)
 
 
+def _template(cfg: Config):
+    return None if cfg.data.template == "default" else cfg.data.template
+
+
+def _use_chat(cfg: Config):
+    return {"auto": "auto", "yes": True, "no": False}[cfg.data.use_chat_template]
+
+
+def _read_eval_sets(cfg: Config, log) -> dict[str, list]:
+    """``eval.datasets`` loaded in ``data.template``, by set name (a path's stem)."""
+    from dapo.data import load_dataset
+    eval_sets = {}
+    for es in cfg.eval.datasets:
+        ex, rep = load_dataset(es.name, limit=es.limit, on_bad=cfg.data.on_bad, template=_template(cfg))
+        log(f"eval data {es.name}: {rep.summary()}")
+        eval_sets[Path(es.name).stem if os.sep in es.name else es.name] = ex
+    return eval_sets
+
+
+def _tokenize(examples: list, tokenizer, use_chat) -> dict[tuple, list[int]]:
+    from dapo.prompts import render_prompt
+    ids = tokenizer([render_prompt(e, tokenizer, use_chat) for e in examples], add_special_tokens=False)["input_ids"]
+    return {example_key(e): t for e, t in zip(examples, ids)}
+
+
+def load_eval_sets(cfg: Config, tokenizer, log) -> tuple[dict[str, list], dict[tuple, list[int]]]:
+    """The eval sets alone (``dapo eval``), prepared exactly as :func:`load_run_data` prepares them:
+    (eval sets by name, prompt token ids by example key)."""
+    use_chat = _use_chat(cfg)
+    eval_sets = {k: short_prompts(v, tokenizer, use_chat, cfg) for k, v in _read_eval_sets(cfg, log).items()}
+    return eval_sets, _tokenize([e for v in eval_sets.values() for e in v], tokenizer, use_chat)
+
+
 def load_run_data(cfg: Config, tokenizer, log) -> tuple[Any, dict[tuple, list[int]], dict[str, list], dict]:
     """Training prompts (as a resumable sampler) and eval sets, both in ``data.template`` (so the
     policy is evaluated on the prompts it is trained on, and scored the same way), without
     prompts longer than ``data.max_prompt_tokens``; returns (sampler, prompt token ids by example key, eval sets, MLflow tags)."""
     from dapo.data import load_dataset
-    from dapo.prompts import render_prompt
     from dapo.sampler import PromptSampler
-    use_chat = {"auto": "auto", "yes": True, "no": False}[cfg.data.use_chat_template]
-    template = None if cfg.data.template == "default" else cfg.data.template
+    use_chat = _use_chat(cfg)
     skip = cfg.data.train_skip
-    train_examples, report = load_dataset(cfg.data.train, on_bad=cfg.data.on_bad, template=template,
+    train_examples, report = load_dataset(cfg.data.train, on_bad=cfg.data.on_bad, template=_template(cfg),
                                           limit=None if cfg.data.train_limit is None else skip + cfg.data.train_limit)
     train_examples = train_examples[skip:]
     log(f"train data {cfg.data.train}: {report.summary()}")
-    eval_sets = {}
-    for es in cfg.eval.datasets:
-        ex, rep = load_dataset(es.name, limit=es.limit, on_bad=cfg.data.on_bad, template=template)
-        log(f"eval data {es.name}: {rep.summary()}")
-        eval_sets[Path(es.name).stem if os.sep in es.name else es.name] = ex
+    eval_sets = _read_eval_sets(cfg, log)
     train_keys = {example_key(e) for e in train_examples}
     overlap = {k: sum(example_key(e) in train_keys for e in v) for k, v in eval_sets.items()}
     for k, n in overlap.items():
@@ -55,8 +82,7 @@ def load_run_data(cfg: Config, tokenizer, log) -> tuple[Any, dict[tuple, list[in
         log(f"dropped {too_long} prompts longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
     if not train_examples:
         raise ValueError(f"data.train={cfg.data.train!r}: no usable training rows")
-    ids = tokenizer([render_prompt(e, tokenizer, use_chat) for e in kept], add_special_tokens=False)["input_ids"]
-    prompt_tokens = {example_key(e): t for e, t in zip(kept, ids)}
+    prompt_tokens = _tokenize(kept, tokenizer, use_chat)
     sampler = PromptSampler(train_examples, batch_size=cfg.gen_batch_prompts, seed=cfg.train.seed)
     tags = {"dapo.data.train": report.summary(), "dapo.data.too_long_prompts": too_long,
             "dapo.data.train_eval_overlap": sum(overlap.values())}

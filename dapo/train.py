@@ -37,7 +37,7 @@ from dapo.base_model import resolve_policy_path
 from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dapo.config import Config, config_hash, flatten, to_dict
 from dapo.distributed import barrier, broadcast_object, destroy_distributed, final_state_dict, init_distributed
-from dapo.evaluate import evaluate
+from dapo.evaluate import eval_seed, evaluate
 from dapo.logprobs import old_logprobs, response_loss_mask, response_mask, single_step_on_policy
 from dapo.rollout import make_rollout_engine, rollout_with_retry, round_seed
 from dapo.run_data import load_run_data
@@ -213,7 +213,7 @@ def _evaluate(run: Run, r: int) -> dict[str, float]:
     """avg/pass/cons@k on every eval set; every rank calls it (generation is split over the ranks);
     rank 0 keeps the per-sample records."""
     ev, records = evaluate(run.engine, run.eval_sets, run.prompt_tokens, run.cfg,
-                           seed=round_seed(run.cfg.train.seed, r, 0, salt=99))
+                           seed=eval_seed(run.cfg.train.seed, r))
     if run.is_main:
         _save_eval_records(run, r, records)
     return ev

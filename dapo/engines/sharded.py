@@ -40,12 +40,17 @@ class RankShardedEngine:
         self.seed = getattr(engine, "seed", 0)
         self.generated = [0] * self.groups
 
-    def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec) -> list[list[Completion]]:
+    def generate(self, prompt_token_ids: list[list[int]], spec: SamplingSpec,
+                 seeds: list[int] | None = None) -> list[list[Completion]]:
+        """``seeds``: one per prompt, overriding the ones derived from ``spec.seed`` (a slice of a
+        longer call's, e.g. ``dapo eval --chunk``)."""
         n = len(prompt_token_ids)
         if self.groups == 1:           # one engine: the whole call, seeded by the engine as usual
             self.generated[0] += n
-            return self.engine.generate(prompt_token_ids, spec)
-        seeds = per_prompt_seeds(spec.seed, n, salt=self.seed) if spec.seed is not None else None
+            return (self.engine.generate(prompt_token_ids, spec) if seeds is None else
+                    self.engine.generate(prompt_token_ids, spec, seeds=seeds))
+        if seeds is None and spec.seed is not None:
+            seeds = per_prompt_seeds(spec.seed, n, salt=self.seed)
         mine = split_for_rank(n, self.group, self.groups)
         local = self.engine.generate([prompt_token_ids[i] for i in mine], spec,
                                      seeds=[seeds[i] for i in mine] if seeds is not None else None) if mine else []
