@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from dapo.eval_metrics import avg_at_k, cons_at_k, majority_answers, pass_at_k  # noqa: F401  (evaluation helpers, re-exported)
+
 Count = Union[int, float, Tensor]  # a token or sequence count; may be a 0-dim tensor after all_reduce
 
 __all__ = [
@@ -367,53 +369,3 @@ def group_stats(correct: Tensor) -> dict[str, float]:
     all_wrong = (~c).all(-1).sum().item() / b
     mixed = informative_groups(c).sum().item() / b
     return {"all_correct_frac": all_correct, "all_wrong_frac": all_wrong, "mixed_frac": mixed}
-
-
-# ----------------------------------------------------------------------------------------
-# Evaluation helpers (plain python)
-# ----------------------------------------------------------------------------------------
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 − C(n−c, k)/C(n, k),
-    computed as a stable product. Needs 0 ≤ c ≤ n and 1 ≤ k ≤ n."""
-    if not (0 <= c <= n and 1 <= k <= n):
-        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
-
-
-def avg_at_k(correct: Sequence[bool]) -> float:
-    """avg@k: fraction of the k samples that are correct (0.0 for none)."""
-    return sum(map(bool, correct)) / len(correct) if len(correct) else 0.0
-
-
-def majority_answers(answers: Sequence[Optional[str]]) -> list[str]:
-    """The answers with the most votes: [k] answers -> the m ≥ 1 tied for the top count, in
-    first-seen order; None (no answer extracted) never votes, so [] if every answer is None."""
-    counts = Counter(a for a in answers if a is not None)  # keeps first-seen order
-    top = max(counts.values(), default=0)
-    return [a for a, n in counts.items() if n == top]
-
-
-def cons_at_k(answers: Sequence[Optional[str]], correct: Sequence[bool]) -> float:
-    """cons@k of one problem: the expected correctness of the majority-vote answer, ties broken
-    uniformly at random.
-
-    answers: [k] extracted answers (e.g. `dapo.rewards.extract_answer`; None never wins a vote);
-    correct: [k] whether each sample was scored correct. With m answers tied for the most votes
-    (`majority_answers`), each wins with probability 1/m, so cons@k = (correct ones among the m) / m:
-    1.0 or 0.0 without a tie, 0.5 for a 2-way tie with one correct, 1/3 for a 3-way tie with one;
-    0.0 if every answer is None. Correctness belongs to a sample: an answer's is read off its first
-    sample (its samples share the answer, so the `dapo` scorer, which reads only that answer,
-    scores them all alike).
-    """
-    if len(answers) != len(correct):
-        raise ValueError(f"answers and correct differ in length: {len(answers)} vs {len(correct)}")
-    tied = majority_answers(answers)
-    if not tied:
-        return 0.0
-    first: dict[str, bool] = {}                   # answer -> correctness of its first sample
-    for a, c in zip(answers, correct):
-        first.setdefault(a, bool(c))
-    return sum(first[a] for a in tied) / len(tied)

@@ -1,12 +1,14 @@
-"""What n samples per problem say beyond avg@n (``dapo eval``'s numbers, docs/METRICS.md).
+"""Evaluation metrics from n samples per problem (docs/METRICS.md): the per-problem avg@k,
+pass@k and cons@k every evaluation logs (re-exported by :mod:`dapo.algo`), and what ``dapo eval``
+adds. Plain Python and numpy (no torch), so :mod:`analysis` may use them too.
 
-Pure functions of per-problem outcomes; ``n`` samples of a problem, ``c`` of them correct.
+``n`` samples of a problem, ``c`` of them correct.
 
 - pass@k for every k <= n: the unbiased estimator 1 - C(n-c, k) / C(n, k) (Chen et al. 2021,
   "Evaluating Large Language Models Trained on Code", arXiv 2107.03374), averaged over
   problems (:func:`pass_at_k_curve`).
 - maj@k (cons@k) for k <= n: the expected majority-vote correctness over the k-subsets of the n
-  samples, ties counted as the mean over the tied answers (as ``dapo.algo.cons_at_k``); exact by
+  samples, ties counted as the mean over the tied answers (as ``dapo.cons_at_k``); exact by
   enumeration while C(n, k) <= ``max_subsets``, else the mean over ``max_subsets`` random
   k-subsets drawn with a fixed seed (:func:`maj_at_k`).
 - avg@n with a percentile bootstrap over problems (:func:`bootstrap_mean`): many units, so its
@@ -20,13 +22,59 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections import Counter
 from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 
-from dapo import algo
+__all__ = ["pass_at_k", "avg_at_k", "majority_answers", "cons_at_k", "curve_ks", "pass_at_k_curve", "maj_at_k", "maj_at_k_curve", "bootstrap_mean", "solve_rate_histogram"]
 
-__all__ = ["curve_ks", "pass_at_k_curve", "maj_at_k", "maj_at_k_curve", "bootstrap_mean", "solve_rate_histogram"]
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 − C(n−c, k)/C(n, k),
+    computed as a stable product. Needs 0 ≤ c ≤ n and 1 ≤ k ≤ n."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def avg_at_k(correct: Sequence[bool]) -> float:
+    """avg@k: fraction of the k samples that are correct (0.0 for none)."""
+    return sum(map(bool, correct)) / len(correct) if len(correct) else 0.0
+
+
+def majority_answers(answers: Sequence[Optional[str]]) -> list[str]:
+    """The answers with the most votes: [k] answers -> the m ≥ 1 tied for the top count, in
+    first-seen order; None (no answer extracted) never votes, so [] if every answer is None."""
+    counts = Counter(a for a in answers if a is not None)  # keeps first-seen order
+    top = max(counts.values(), default=0)
+    return [a for a, n in counts.items() if n == top]
+
+
+def cons_at_k(answers: Sequence[Optional[str]], correct: Sequence[bool]) -> float:
+    """cons@k of one problem: the expected correctness of the majority-vote answer, ties broken
+    uniformly at random.
+
+    answers: [k] extracted answers (e.g. `dapo.rewards.extract_answer`; None never wins a vote);
+    correct: [k] whether each sample was scored correct. With m answers tied for the most votes
+    (`majority_answers`), each wins with probability 1/m, so cons@k = (correct ones among the m) / m:
+    1.0 or 0.0 without a tie, 0.5 for a 2-way tie with one correct, 1/3 for a 3-way tie with one;
+    0.0 if every answer is None. Correctness belongs to a sample: an answer's is read off its first
+    sample (its samples share the answer, so the `dapo` scorer, which reads only that answer,
+    scores them all alike).
+    """
+    if len(answers) != len(correct):
+        raise ValueError(f"answers and correct differ in length: {len(answers)} vs {len(correct)}")
+    tied = majority_answers(answers)
+    if not tied:
+        return 0.0
+    first: dict[str, bool] = {}                   # answer -> correctness of its first sample
+    for a, c in zip(answers, correct):
+        first.setdefault(a, bool(c))
+    return sum(first[a] for a in tied) / len(tied)
 
 
 def curve_ks(n: int) -> list[int]:
@@ -38,7 +86,7 @@ def curve_ks(n: int) -> list[int]:
 
 def pass_at_k_curve(correct_counts: Sequence[int], n: int, ks: Sequence[int]) -> dict[int, float]:
     """{k: mean over problems of the unbiased pass@k} for problems with ``correct_counts`` [P] of n."""
-    return {k: float(np.mean([algo.pass_at_k(n, c, k) for c in correct_counts])) for k in ks}
+    return {k: float(np.mean([pass_at_k(n, c, k) for c in correct_counts])) for k in ks}
 
 
 def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int, *, max_subsets: int = 2000,
@@ -47,7 +95,7 @@ def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int, *, 
 
     answers, correct: [n]. Exact (every subset) while C(n, k) <= ``max_subsets``, else the mean over
     ``max_subsets`` k-subsets drawn uniformly with ``random.Random(seed)``. At k = n it is
-    ``algo.cons_at_k(answers, correct)``."""
+    ``cons_at_k(answers, correct)``."""
     n = len(answers)
     if not 1 <= k <= n:
         raise ValueError(f"maj@k needs 1 <= k <= n = {n}, got k = {k}")
@@ -56,7 +104,7 @@ def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int, *, 
     else:
         rng = random.Random(seed)
         subsets = (rng.sample(range(n), k) for _ in range(max_subsets))
-    vals = [algo.cons_at_k([answers[i] for i in s], [correct[i] for i in s]) for s in subsets]
+    vals = [cons_at_k([answers[i] for i in s], [correct[i] for i in s]) for s in subsets]
     return float(np.mean(vals))
 
 

@@ -123,7 +123,7 @@ def test_runs_is_a_leaf_of_analysis():
 @pytest.mark.parametrize("module", ["dapo.cluster", "dapo.sweep_spec", "dapo.yaml_checks", "dapo.yaml_io", "dapo.config", "dapo.plan",
                                     "dapo.preflight", "dapo.runs_list", "dapo.logs",
                                     "dapo.prompts", "dapo.readers", "dapo.data", "dapo.sampler", "dapo.minitask",
-                                    "dapo.eval_records"])
+                                    "dapo.eval_records", "dapo.eval_metrics"])
 def test_pure_modules_import_neither_torch_nor_submitit(module):
     """Not in the module itself (anywhere), nor at import time through what it imports from dapo."""
     heavy = {"torch", "submitit", "transformers", "vllm"}
@@ -142,7 +142,8 @@ def test_pure_modules_import_neither_torch_nor_submitit(module):
 
 def test_analysis_reads_no_training_code():
     """analysis/ may use dapo's pure config layer (config, sweep specs) and the eval-record readers, never the training side."""
-    allowed = {"dapo.config", "dapo.yaml_io", "dapo.sweep_spec", "dapo.yaml_checks", "dapo.eval_records"}
+    allowed = {"dapo.config", "dapo.yaml_io", "dapo.sweep_spec", "dapo.yaml_checks", "dapo.eval_records",
+               "dapo.eval_metrics"}
     for m in GRAPH:
         if m.startswith("analysis"):
             used = {i for i in GRAPH[m] if i.startswith("dapo")}
