@@ -623,3 +623,27 @@ def save_figure(fig: Figure, path_stem: str | Path, formats: tuple[str, ...] = (
         finally:
             fig.set_layout_engine(engine)
     return paths
+
+
+def passk_figure(curves: pd.DataFrame, sweep: SweepInfo, tidy: pd.DataFrame | None = None) -> Figure | None:
+    """pass@k (%) over k (log2 axis) per arm at the runs' last evaluation, mean over seeds with its 95%
+    t band, from :func:`analysis.samples.passk_curves`; None when there is no curve."""
+    if curves is None or curves.empty:
+        return None
+    colors, labels = arm_colors(tidy, sweep), {a.name: a.label for a in sweep.arms}
+    fig, axes = _new_figure(size=(5.2, 3.4))
+    ax = axes[0] if isinstance(axes, (list, tuple, np.ndarray)) else axes
+    with matplotlib.rc_context(STYLE):
+        for arm in dict.fromkeys(curves["arm"]):
+            c = curves[curves["arm"] == arm].sort_values("k")
+            color = colors.get(arm, "#333333")
+            ax.plot(c["k"], 100 * c["mean"], marker="o", ms=3, color=color, label=labels.get(arm, arm))
+            if np.isfinite(c["lo"].to_numpy(dtype=float)).any():
+                ax.fill_between(c["k"], 100 * c["lo"], 100 * c["hi"], color=color, alpha=0.12, lw=0)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(curves["k"].unique()), [str(k) for k in sorted(curves["k"].unique())])
+        ax.set_xlabel("k (samples per problem)")
+        ax.set_ylabel("pass@k (%)")
+        ax.set_title(f"pass@k at the last evaluation ({BAND_SHORT})")
+        ax.legend(loc="lower right")
+    return fig

@@ -46,6 +46,7 @@ from .mechanisms import MECHANISMS_NOTE, format_mechanisms, mechanism_table
 from .learning import LEARNING_NOTE, format_learning, learning_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
 from .eval_noise import noise_section, noise_table, problems_from_runs
+from .samples import load_samples, passk_section, passk_curves, samples_from_runs, samples_section
 from .runs import SweepInfo, load_problems, load_runs, load_snapshot, merge_snapshot, read_meta, snapshot
 from .metric_names import primary_metric
 from .stats import BAND_METHOD
@@ -122,15 +123,16 @@ def _runs_md(tidy: pd.DataFrame, sweep: SweepInfo) -> str:
 def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None, out_dir, *,
                  x: str = "grad_step", final_k: int = 3, reading: str | None = None,
                  meta: dict | None = None, formats: tuple[str, ...] = ("png", "pdf"),
-                 problems: pd.DataFrame | None = None) -> list[Path]:
+                 problems: pd.DataFrame | None = None, samples: pd.DataFrame | None = None) -> list[Path]:
     """Write figures, tables, compare.md and report.md into out_dir; return the written paths.
 
     ``reading``: a human-written interpretation. Given, it is saved to ``reading.md``; not
     given, an existing ``reading.md`` is kept and embedded. ``formats``: figure files to
     write (the report links the PNG, and the PDF when written). ``problems``: per-problem outcomes
-    (:func:`analysis.runs.load_problems`) for the evaluation-noise section's records-based numbers.
+    (:func:`analysis.runs.load_problems`) for the evaluation-noise section's records-based numbers and
+    the pass@k curves; ``samples``: the responses shown (:mod:`analysis.samples`).
     """
-    from .figures import render_all, save_figure  # here: matplotlib only when figures are drawn
+    from .figures import passk_figure, render_all, save_figure  # here: matplotlib only when figures are drawn
     out = Path(out_dir)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     sweep = sweep_info or infer_sweep_info(tidy, configs)
@@ -141,6 +143,14 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
         if r.figure is not None:
             written += save_figure(r.figure, out / "figures" / r.name, formats)
 
+    curves = passk_curves(problems, sweep.metric or primary_metric(tidy), [a.name for a in arms_with_runs(tidy, sweep)])
+    pfig = passk_figure(curves, sweep, tidy)
+    if pfig is not None:
+        written += save_figure(pfig, out / "figures" / "fig_passk", formats)
+        pfig.clear()
+    else:
+        for old in (out / "figures").glob("fig_passk.*"):   # from an earlier report with records
+            old.unlink()
     fam = family_table(tidy, sweep, configs, final_k)
     written.append(to_csv(fam, out / "family.csv"))
     noise = noise_table(tidy, sweep, configs, final_k, family=fam, problems=problems)
@@ -173,6 +183,8 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
     reading_text = reading_path.read_text().strip() if reading_path.exists() else _NO_READING
 
     meta = meta or {}
+    arm_names = [a.name for a in arms_with_runs(tidy, sweep)]
+    labels = {a.name: a.label for a in arms_with_runs(tidy, sweep)}
     vs_paper = bool(t1.attrs.get("vs_paper"))
     paper_note = ("Paper: Qwen2.5-32B base, AIME 2024 avg@32, the same metric as ours; "
                   "`ours − paper` is their difference." if vs_paper else
@@ -200,6 +212,8 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              footnote, "",
              "Files: [table1.csv](table1.csv), [table1.tex](table1.tex), "
              "[arm-vs-arm comparison](compare.md).", "",
+             *passk_section(curves, labels),
+             *([f"![pass@k](figures/fig_passk.png)", ""] if pfig is not None else []),
              "## Do the mechanisms act?", "",
              to_markdown(format_mechanisms(mech)) if len(mech) else "No mechanism metric in these runs.",
              MECHANISMS_NOTE + " Numbers: [mechanisms.csv](mechanisms.csv).", "",
@@ -207,6 +221,7 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              to_markdown(format_learning(learn)) if len(learn) else "No evaluation or rollout reward in these runs.",
              LEARNING_NOTE + " Numbers: [learning.csv](learning.csv).", "",
              "## Cost ledger", "", to_markdown(format_cost(cost)), COST_NOTE + " Numbers: [cost.csv](cost.csv).", "",
+             *samples_section(samples, labels, arm_names),
              "## Runs", "", _runs_md(tidy, sweep), "## Figures", "",
              f"Curves: {BAND_METHOD}.", ""]
     for r in results:
@@ -368,6 +383,7 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
         try:
             tidy, configs, snap_sweep = load_snapshot(snap_dir)
             problems = load_problems(snap_dir)
+            samples = load_samples(snap_dir)
             meta = read_meta(snap_dir)
         except (OSError, ValueError, KeyError, TypeError) as exc:   # corrupt parquet/json, a missing file
             raise InputError(f"snapshot {snap_dir} is unreadable: {type(exc).__name__}: "
@@ -406,19 +422,23 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
         sweep = sweep_info or infer_sweep_info(tidy, configs, name)
         out = Path(args.to) if args.to else Path(args.runs) / "figures" / name
         problems = _problems(args.runs, tidy, earlier)
+        samples = samples_from_runs(args.runs, tidy, problems, sweep.metric or primary_metric(tidy))
+        if samples is None:     # the runs' records are elsewhere: an earlier snapshot's samples, if any
+            samples = next((s for s in (load_samples(d) for d in args.with_snapshot) if s is not None), None)
         commit = _git_commit()
         meta = {"mlflow_uri": uri, "commit": commit,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         if not args.no_snapshot:
             cmd = "dapo figures " + " ".join(shlex.quote(a) for a in argv)
             snap = snapshot(tidy, configs, sweep, out / "snapshot", command=cmd, commit=commit,
-                            tracking_uri=uri, extra={"merged": merged} if merged else None, problems=problems)
+                            tracking_uri=uri, extra={"merged": merged} if merged else None, problems=problems,
+                            samples=samples)
             meta = read_meta(snap)
             print(f"[figures] snapshot: {snap}")
     reading = Path(args.reading).read_text() if args.reading else None
     final_k = args.final_k or sweep.final_k
     paths = write_report(tidy, configs, sweep, out, x=args.x, final_k=final_k, reading=reading, meta=meta,
-                         formats=formats, problems=problems)
+                         formats=formats, problems=problems, samples=samples)
     print(f"[figures] {len(paths)} files in {out} (report: {out / 'report.md'})")
     if args.from_snapshot is None and not args.to:
         print(f"[figures] to publish them: --to results/{name}", file=sys.stderr)

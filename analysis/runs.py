@@ -383,8 +383,10 @@ def _json_default(o: Any) -> Any:
 def snapshot(tidy: pd.DataFrame, configs: dict[str, dict], sweep_info: SweepInfo | None,
              out_dir: str | Path, command: str = "", commit: str = "",
              tracking_uri: str | None = None, extra: dict | None = None,
-             problems: pd.DataFrame | None = None) -> Path:
+             problems: pd.DataFrame | None = None, samples: pd.DataFrame | None = None) -> Path:
     """Freeze runs into ``out_dir`` (usually ``results/<sweep>/snapshot``); returns the dir.
+    ``samples``: the responses a report shows (``analysis.samples.SAMPLE_COLUMNS``) → ``samples.parquet``,
+    removed when None, as ``problems.parquet``.
     ``extra``: more keys for meta.json (e.g. ``merged``: the earlier snapshots whose runs were added).
     ``problems``: per-problem outcomes (:data:`PROBLEM_COLUMNS`) → ``problems.parquet``; None: no file
     (one left from an earlier snapshot in ``out_dir`` is removed, so it never describes other runs)."""
@@ -395,6 +397,10 @@ def snapshot(tidy: pd.DataFrame, configs: dict[str, dict], sweep_info: SweepInfo
         normalize_problems(problems).to_parquet(out / "problems.parquet", index=False)
     else:
         (out / "problems.parquet").unlink(missing_ok=True)
+    if samples is not None and len(samples):
+        samples.to_parquet(out / "samples.parquet", index=False)
+    else:
+        (out / "samples.parquet").unlink(missing_ok=True)
     (out / "configs.json").write_text(json.dumps(configs, indent=1, sort_keys=True, default=_json_default))
     sweep = sweep_info.to_dict() if sweep_info is not None else None
     (out / "sweep.json").write_text(json.dumps(sweep, indent=1, default=_json_default))
