@@ -335,3 +335,15 @@ if __name__ == "__main__":
         _worker_train_kill_rank1(sys.argv[2:])
     else:
         WORKERS[sys.argv[1]](Path(sys.argv[2]))
+
+
+def test_train_started_as_fewer_processes_than_the_config_says_is_one_error(tmp_path, monkeypatch, capsys):
+    """`accelerate launch --num_processes 2` without GPUs (and without --multi_cpu) starts one process:
+    `dapo train` says so instead of training alone, unsharded."""
+    from dapo.cli import train_main
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    rc = train_main([str(REPO / "experiments" / "tiny-random-smoke.yaml"), "launch.num_processes=2",
+                     f"output_dir={tmp_path}"], train_fn=lambda cfg, run_dir: pytest.fail("trained"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "the launcher started 1 process(es)" in err[0], err
+    assert "--nproc_per_node 2" in err[0] and not (tmp_path / "runs").exists()
