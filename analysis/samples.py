@@ -183,8 +183,10 @@ def samples_section(samples: pd.DataFrame | None, labels: dict[str, str], arms: 
                         "records, or a snapshot made without the runs' eval_records/ on disk).", ""]
     seed = int(samples["seed"].iloc[0])
     lines += [f"Seed {seed}, sample 0 of each arm at its first and last evaluation, for problems chosen by a fixed "
-              f"rule (analysis/samples.py): the first problem every arm's last evaluation solved, the first none "
-              f"solved, and one no arm solved at the first evaluation that the most arms solved at the last. "
+              f"rule (analysis/samples.py): the first problem that every arm's last evaluation solved in at least one "
+              f"of its samples, the first that no arm's did, and one that no arm solved at its first evaluation and "
+              f"the most arms solved at the last. Sample 0 is one draw: it can be wrong where the problem counts as "
+              f"solved. "
               f"Responses clipped to their last {CLIP} characters.", ""]
     for kind in KINDS:
         s = samples[samples["kind"] == kind]
