@@ -6,6 +6,8 @@ of total, final metric, wall time; then the ``mlflow ui`` command for the store(
 record wall time, not CPU time) and generated / trained tokens from ``summary.json``
 (``gen_tokens``, ``trained_tokens``: the loop's checkpointed totals; "-" for runs made before
 it wrote them, whose totals are in MLflow, see the report's cost ledger).
+``dapo runs RUN_DIR --samples [N]`` prints what the policy wrote at the run's latest evaluation:
+sample 0 of its first N problems (default 5) per eval set, with correctness, length and answer.
 Reads only run directories (``config.yaml``, ``summary.json``, ``failed.json``, checkpoints'
 ``state.json``, ``mlflow_run.json``): no MLflow, no torch, so it is instant and works on a copy.
 """
@@ -141,6 +143,37 @@ def table_rows(rows: list[dict[str, Any]], cost: bool = False) -> tuple[list[lis
     return cells, head
 
 
+def latest_samples(run_dir: str | Path, n: int) -> tuple[Path, list[dict[str, Any]]]:
+    """(the latest record file, sample 0 of its first ``n`` problems per eval set); ValueError if none."""
+    from dapo.eval_records import DIRNAME, read_records
+    files = sorted((Path(run_dir) / DIRNAME).glob("eval-step*.jsonl.gz"))
+    if not files:
+        raise ValueError(f"{run_dir}: no evaluation records ({DIRNAME}/eval-step*.jsonl.gz)")
+    shown: dict[str, list[dict[str, Any]]] = {}
+    for rec in read_records(files[-1]):
+        if rec["sample"] == 0 and len(shown.setdefault(rec["set"], [])) < n:
+            shown[rec["set"]].append(rec)
+    return files[-1], [r for recs in shown.values() for r in recs]
+
+
+def print_samples(run_dir: str | None, n: int) -> int:
+    """``dapo runs RUN_DIR --samples N``: one block per sample; exit 2 on a bad run dir or N."""
+    if not run_dir or n < 1:
+        print("error: --samples needs RUN_DIR and N >= 1 (dapo runs RUN_DIR --samples 5)", file=sys.stderr)
+        return 2
+    try:
+        path, recs = latest_samples(run_dir, n)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{path} (rollout step {recs[0]['step'] if recs else '?'}, grad step {recs[0]['grad_step'] if recs else '?'})")
+    for r in recs:
+        mark = "correct" if r["correct"] else "wrong"
+        print(f"\n--- {r['problem']} sample 0: {mark}, {r['length']} tokens{'' if r['finished'] else ' (cut)'}, "
+              f"answer {r['answer']!r}\n{r['response']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dapo runs", description=__doc__.split("\n\n")[0])
     p.add_argument("--output", default="runs", metavar="DIR", help="output root: runs in DIR/runs/ (default: runs)")
@@ -148,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--cost", action="store_true",
                    help="add threads, thread-seconds (wall × train.threads) and generated/trained tokens")
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="with --samples: the run whose samples to print")
+    p.add_argument("--samples", nargs="?", const=5, type=int, metavar="N",
+                   help="print sample 0 of the first N problems (default 5) of RUN_DIR's latest evaluation")
     a = p.parse_args(argv)
+    if a.samples is not None or a.run_dir:
+        return print_samples(a.run_dir, 5 if a.samples is None else a.samples)
     try:
         rows = run_rows(a.output, a.sweep)
     except ConfigError as exc:

@@ -164,3 +164,19 @@ def test_eval_of_a_checkpoint_reproduces_the_logged_evaluation_and_resumes_after
                for r in again if r["set"] == "arith-fresh")
     p = _cli(*two)
     assert p.returncode == 0 and "already done" in p.stdout
+
+
+def test_dapo_runs_samples_prints_the_latest_evaluation(tmp_path, capsys):
+    from dapo.eval_records import make_record, records_path, write_records
+    from dapo.runs_list import main as runs_main
+    for step in (0, 5):
+        write_records(records_path(tmp_path, step), [
+            make_record(set="arith-eval", problem=f"arith-eval:{p}", sample=j, seed=1, prompt_hash="0" * 16,
+                        answer=str(p), correct=p == 1, length=9, finished=p != 2, response=f"step {step} p{p} s{j}",
+                        step=step, grad_step=3 * step) for p in range(4) for j in range(2)])
+    assert runs_main([str(tmp_path), "--samples", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "eval-step00005" in out and "grad step 15" in out and "step 5 p2 s0" in out
+    assert "p3" not in out and "s1" not in out and "step 0" not in out and "(cut)" in out
+    assert runs_main([str(tmp_path / "none"), "--samples"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
