@@ -77,7 +77,7 @@ def accelerate_command(*, python: str, config_path: str, run_dir: str, nodes: in
         argv += ["--rdzv_backend", "static", "--same_network"]
     # the run dir is named by the run id, so only resource-only keys can differ from its config.yaml
     # (a resubmission with another --set train.threads=...): resume as a one-process job does
-    return argv + ["-m", "dapo.train", config_path, "--allow-resource-change", "--run-dir", run_dir]
+    return argv + ["-m", "dapo.train", "--allow-resource-change", config_path, "--run-dir", run_dir]
 
 
 def _override_text(value: Any) -> str:

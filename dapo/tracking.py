@@ -22,9 +22,10 @@ resumable (unsent points are in the checkpoint). sqlite on a local disk is fine 
 handful of concurrent jobs; for more, or for jobs on other machines, run a tracking server
 (:mod:`dapo.mlflow_server`) and point ``logging.tracking_uri`` at it.
 
-Tracking servers and secrets. A tracking URI never holds a password: :class:`Tracker` and
-the launcher refuse one (the URI is written to run directories, job scripts, MLflow params
-and log lines). The password is read, in the process that needs it, from a file or an
+Tracking servers and secrets. A tracking URI never holds a password: loading a config refuses
+one in any of its values (:func:`dapo.config.build_config`, before anything is written or
+printed), and :class:`Tracker` and the launcher refuse one too (the URI is written to run
+directories, job scripts, MLflow params and log lines). The password is read, in the process that needs it, from a file or an
 environment variable *named* by ``$DAPO_TRACKING_PASSWORD_FILE`` / ``$DAPO_TRACKING_PASSWORD_ENV``
 (a cluster profile's ``tracking_password_file`` / ``tracking_password_env`` end up there) and
 handed to the client the way its driver reads it: ``PGPASSWORD`` (libpq) for a
