@@ -90,7 +90,11 @@ def train_parser() -> argparse.ArgumentParser:
         epilog=TRAIN_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", help="experiment YAML (see experiments/)")
     p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides, e.g. algo.clip.eps_high=0.28")
-    p.add_argument("--run-dir", help="run directory (default: <output_dir>/runs/<name>-<config hash>)")
+    p.add_argument("--run-dir", help="run directory (default: <output_dir>/runs/<name>-<config hash>); one that holds "
+                                     "a run of another config, or files no run writes, is refused")
+    p.add_argument("--allow-resource-change", action="store_true",
+                   help="resume although resource-only keys (train.threads, rollout.tensor_parallel_size, ...: "
+                        "dapo.config.UNHASHED_KEYS) differ from the run's config.yaml")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--verbose", action="store_true",
                    help="show the rollout engine's (vLLM's) log on the terminal too (default: only in "
@@ -116,32 +120,42 @@ def train_main(argv: list[str], train_fn=None) -> int:
         print(train_parser().format_usage() + TRAIN_EXAMPLE, file=sys.stderr)
         return 2
     a = train_parser().parse_args(argv)
-    from dapo.config import ConfigError, config_hash, load_config, to_dict
+    from dapo.config import ConfigError, config_hash, load_config, show, to_dict
     from dapo.preflight import check_run, finished_summary
+    from dapo.run_dir import RunDirBusy, check_run_dir, hold_run_dir
+    main_rank = int(os.environ.get("RANK", "0") or 0) == 0   # rank 0 of a multi-process run checks and locks
     try:
+        if a.run_dir is not None and (not a.run_dir or any(ord(c) < 32 or ord(c) == 127 for c in a.run_dir)):
+            raise ConfigError(f"--run-dir {show(a.run_dir)}: expected a directory path without control characters")
         cfg = load_config(a.experiment, a.overrides)
         if a.print_config:
             import yaml
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
             return 0
         check_run(cfg, a.experiment)
+        run_dir = Path(a.run_dir) if a.run_dir else Path(cfg.output_dir) / "runs" / f"{cfg.name}-{config_hash(cfg)}"
+        if main_rank:
+            check_run_dir(cfg, run_dir, allow_resource_change=a.allow_resource_change)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    run_dir = Path(a.run_dir) if a.run_dir else Path(cfg.output_dir) / "runs" / f"{cfg.name}-{config_hash(cfg)}"
-    main_rank = int(os.environ.get("RANK", "0") or 0) == 0
     done = finished_summary(run_dir)
     if done is not None:
         if main_rank:
             print(f"already finished: {run_dir}" + (f"\n  browse: {mlflow_ui_command(done['mlflow_uri'])}"
                                                     if isinstance(done.get("mlflow_uri"), str) else ""))
         return 0
-    from dapo.logs import route_engine_logs
-    route_engine_logs(run_dir, verbose=a.verbose)
-    if train_fn is None:
-        import importlib
-        train_fn = importlib.import_module(COMMANDS["train"][0]).train
-    summary = train_fn(cfg, run_dir)
+    try:
+        with hold_run_dir(run_dir, enabled=main_rank):   # train() finds it held (re-entrant)
+            from dapo.logs import route_engine_logs
+            route_engine_logs(run_dir, verbose=a.verbose)
+            if train_fn is None:
+                import importlib
+                train_fn = importlib.import_module(COMMANDS["train"][0]).train
+            summary = train_fn(cfg, run_dir)
+    except RunDirBusy as exc:   # raised on entry only: another process trains into this run dir
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if main_rank and isinstance(summary, dict) and summary.get("mlflow_uri"):
         print(f"[dapo] browse the run: {mlflow_ui_command(summary['mlflow_uri'])}", flush=True)
     return 0

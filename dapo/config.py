@@ -31,12 +31,13 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from dapo.yaml_io import MAX_ALIAS_NODES, ConfigError, RefusedYaml, safe_yaml_file, safe_yaml_text, show
+from dapo.yaml_io import (MAX_ALIAS_NODES, ConfigError, RefusedYaml, password_refusal, safe_yaml_file, safe_yaml_text,
+                          show, uri_password)
 
 __all__ = [
     "ConfigError", "Config", "load_config", "build_config", "parse_overrides",
-    "apply_overrides", "to_dict", "flatten", "config_hash", "field_docs", "show", "safe_yaml_text",
-    "safe_yaml_file", "MAX_ALIAS_NODES",
+    "apply_overrides", "to_dict", "flatten", "config_hash", "config_diff", "field_docs", "show", "safe_yaml_text",
+    "safe_yaml_file", "MAX_ALIAS_NODES", "NAME_RE", "MAX_NAME_CHARS", "name_problem",
 ]
 
 
@@ -376,6 +377,9 @@ def _check_ranges(cfg: Config, where: str) -> None:
          t.max_tokens_per_micro_batch, "must be >= 1 or null")
     need(t.logits_chunk_tokens is None or t.logits_chunk_tokens >= 1, "train.logits_chunk_tokens",
          t.logits_chunk_tokens, "must be >= 1 or null")
+    # before anything divides by it
+    need(cfg.launch.num_processes >= 1, "launch.num_processes", cfg.launch.num_processes, "must be >= 1")
+    need(cfg.launch.num_nodes >= 1, "launch.num_nodes", cfg.launch.num_nodes, "must be >= 1")
     per_rank = t.mini_batch_prompts * r.n
     need(per_rank % cfg.launch.num_processes == 0, "train.mini_batch_prompts", t.mini_batch_prompts,
          f"× rollout.n ({r.n}) must be divisible by launch.num_processes ({cfg.launch.num_processes})")
@@ -400,8 +404,6 @@ def _check_ranges(cfg: Config, where: str) -> None:
     need(cfg.data.max_prompt_tokens >= 1, "data.max_prompt_tokens", cfg.data.max_prompt_tokens, "must be >= 1")
     need(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, "must be >= 0")
     need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", cfg.checkpoint.keep_last, "must be >= 1")
-    need(cfg.launch.num_processes >= 1, "launch.num_processes", cfg.launch.num_processes, "must be >= 1")
-    need(cfg.launch.num_nodes >= 1, "launch.num_nodes", cfg.launch.num_nodes, "must be >= 1")
     need(0 < r.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", r.gpu_memory_utilization,
          "must be in (0, 1]")
     need(r.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", r.tensor_parallel_size, "must be >= 1")
@@ -411,11 +413,66 @@ def _check_ranges(cfg: Config, where: str) -> None:
     need(cfg.launch.pg_timeout_s >= 1, "launch.pg_timeout_s", cfg.launch.pg_timeout_s, "must be >= 1")
 
 
+# Names that become a path (the run dir <output_dir>/runs/<name>-<hash>, MLflow's artifact folder
+# mlartifacts/<experiment>, <output>/sweeps/<sweep>/) or a job-script word: no path separator, no
+# "..", nothing a shell or a terminal reads specially. A run dir's name is <name>-<12 hex>, well under
+# the 255 bytes of a file name.
+NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+MAX_NAME_CHARS = 128
+# Keys whose value is such a name ("" allowed where the default is ""); every other string value may
+# be anything printable (paths, URIs), see _check_text.
+NAME_KEYS = {"name": False, "logging.experiment": False, "logging.sweep": True, "logging.arm": True}
+# C0/C1 control characters (newline, NUL, ESC of ANSI sequences, CSI), DEL, and the Unicode
+# direction controls that reorder what a terminal shows (bidi overrides, isolates, marks), BOM.
+UNSHOWABLE_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def name_problem(value: Any) -> str | None:
+    """Why ``value`` is not a name (``NAME_RE``, not ``.``/``..``, at most ``MAX_NAME_CHARS``), else None."""
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or value in (".", ".."):
+        return f"expected a name matching {NAME_RE.pattern}"
+    if len(value) > MAX_NAME_CHARS:
+        return f"expected a name matching {NAME_RE.pattern} of at most {MAX_NAME_CHARS} characters, got {len(value)}"
+    return None
+
+
+def _strings(value: Any, key: str):
+    """(dotted key, string) of every string in a config value (``eval.datasets[0].name``)."""
+    if isinstance(value, str):
+        yield key, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{key}[{i}]")
+
+
+def _check_text(cfg: Config, where: str) -> None:
+    """Every string value: no password in a URI (refused before anything is written or printed), no
+    control or direction-override character (they reach paths, job scripts and terminals); the
+    :data:`NAME_KEYS` are names. Pure: raises ConfigError naming the key, never showing a password."""
+    for key, text in _strings(to_dict(cfg), ""):
+        if uri_password(text):
+            raise ConfigError(password_refusal(f"{where}: {key}", text))
+        bad = UNSHOWABLE_RE.search(text)
+        if bad:
+            raise ConfigError(f"{where}: {key} = {show(text)}: U+{ord(bad.group()):04X} at position {bad.start()}: "
+                              f"control characters, ANSI escapes and text-direction overrides are refused (they "
+                              f"reach paths, job scripts and terminals)")
+        if key in NAME_KEYS and not (NAME_KEYS[key] and text == ""):
+            problem = name_problem(text)
+            if problem:
+                raise ConfigError(f"{where}: {key} = {show(text)}: {problem} (it becomes a directory name: "
+                                  f"no '/', no '..', no spaces)")
+
+
 def build_config(data: dict, where: str = "<config>") -> Config:
     """Build and validate a :class:`Config` from a nested dict (no file I/O)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: the top level must be a mapping, got {type(data).__name__}")
     cfg = _build(Config, data, "", where)
+    _check_text(cfg, where)
     _check_ranges(cfg, where)
     return cfg
 
@@ -556,7 +613,10 @@ UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep
 HASHED_WHEN_NOT = {"data.train_skip": 0, "train.max_tokens_per_micro_batch": None}
 
 
-def config_hash(cfg: Config, *, exclude: tuple[str, ...] = ("logging", "output_dir", "name")) -> str:
+_NAMING = ("logging", "output_dir", "name")   # config_hash's default exclude: where a run is named and logged
+
+
+def config_hash(cfg: Config, *, exclude: tuple[str, ...] = _NAMING) -> str:
     """A stable 12-hex-digit hash of everything that changes the run's numbers.
 
     ``exclude`` (top-level sections), :data:`UNHASHED_KEYS` and :data:`HASHED_WHEN_NOT` at their
@@ -570,6 +630,24 @@ def config_hash(cfg: Config, *, exclude: tuple[str, ...] = ("logging", "output_d
         _get(d, section, {}).pop(leaf, None)
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def config_diff(old: Config, new: Config) -> dict[str, dict[str, tuple[Any, Any]]]:
+    """The keys whose values differ between two configs, ``key → (old, new)``, by what they change:
+
+    ``"run"``: the run's numbers (the keys :func:`config_hash` reads, so the run id differs);
+    ``"resources"``: :data:`UNHASHED_KEYS`, how the run uses its machines;
+    ``"naming"``: ``name``, ``output_dir`` and ``logging.*``, where it is named, tagged and logged.
+    """
+    a, b = flatten(to_dict(old)), flatten(to_dict(new))
+    out: dict[str, dict[str, tuple[Any, Any]]] = {"run": {}, "resources": {}, "naming": {}}
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) == b.get(key):
+            continue
+        group = ("resources" if key in UNHASHED_KEYS else
+                 "naming" if key.split(".", 1)[0] in _NAMING else "run")
+        out[group][key] = (a.get(key), b.get(key))
+    return out
 
 
 def _get(d: dict, dotted: str, default: Any = None) -> Any:

@@ -75,7 +75,9 @@ def accelerate_command(*, python: str, config_path: str, run_dir: str, nodes: in
         argv += ["--multi_gpu"]
     if nodes > 1:
         argv += ["--rdzv_backend", "static", "--same_network"]
-    return argv + ["-m", "dapo.train", config_path, "--run-dir", run_dir]
+    # the run dir is named by the run id, so only resource-only keys can differ from its config.yaml
+    # (a resubmission with another --set train.threads=...): resume as a one-process job does
+    return argv + ["-m", "dapo.train", "--allow-resource-change", config_path, "--run-dir", run_dir]
 
 
 def _override_text(value: Any) -> str:
@@ -483,14 +485,15 @@ def _init_tracking(jobs: list[Job], profile: ClusterProfile) -> None:
         seen.add(uri)
         from mlflow.tracking import MlflowClient
 
-        from dapo.tracking import artifact_location
-        client = MlflowClient(tracking_uri=uri)
-        if client.get_experiment_by_name(j.config.logging.experiment) is None:
-            try:
-                client.create_experiment(j.config.logging.experiment,
-                                         artifact_location=artifact_location(uri, j.config.logging.experiment))
-            except Exception:  # noqa: BLE001 - created concurrently
-                pass
+        from dapo.tracking import artifact_location, store_lock
+        with store_lock(uri):   # the lock the trainer takes: another submit (or a job) may be creating it too
+            client = MlflowClient(tracking_uri=uri)
+            if client.get_experiment_by_name(j.config.logging.experiment) is None:
+                try:
+                    client.create_experiment(j.config.logging.experiment,
+                                             artifact_location=artifact_location(uri, j.config.logging.experiment))
+                except Exception:  # noqa: BLE001 - created concurrently
+                    pass
 
 
 def _make_job(spec: Spec, job: Job, profile: ClusterProfile) -> RunJob:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +159,27 @@ class Assumptions:
     vllm_act_gib: float = 2.0            # vLLM's activations and CUDA graphs inside its reservation
     vllm_sleep_gib: float = 1.0          # what a sleeping engine still holds (sleep level 2 drops weights
                                          # and KV cache; the next weight push refills them)
+
+    def check(self) -> "Assumptions":
+        """Every assumption finite and in its range (a zero MFU would divide by zero, a negative overhead
+        would make anything fit); ConfigError naming the flag otherwise."""
+        lo_open = {"peak_tflops", "decode_tps_32b", "seq_decode_tps", "allgather_gbs", "mean_response_tokens"}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            flag = "--" + f.name.replace("_", "-")
+            if v is None and f.name == "mean_response_tokens":
+                continue
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise ConfigError(f"{flag} = {v!r}: expected a finite number")
+            if f.name == "mfu" and not 0 < v <= 1:
+                raise ConfigError(f"{flag} = {v:g}: a FLOP utilisation must be in (0, 1]")
+            if f.name == "rounds" and v < 1:
+                raise ConfigError(f"{flag} = {v:g}: a step takes at least one generation round")
+            if f.name in lo_open and v <= 0:
+                raise ConfigError(f"{flag} = {v:g}: must be > 0")
+            if v < 0:
+                raise ConfigError(f"{flag} = {v:g}: must be >= 0")
+        return self
 
     def decode_tps(self, params: int) -> float:
         return self.decode_tps_32b * 32.76e9 / params
@@ -370,10 +392,22 @@ def _gpu_gib(profile, where: str) -> float:
     return profile.gpu_memory_gib
 
 
+def _check_layout(cfg: Config, profile) -> None:
+    """The launch layout is one the profile can give (a plan for more nodes or GPUs than it has means nothing)."""
+    for key, want, limit, what in (("launch.num_nodes", cfg.launch.num_nodes, profile.max_nodes, "limits.nodes"),
+                                   ("launch.num_processes", cfg.launch.num_processes, profile.max_gpus_per_node,
+                                    "limits.gpus_per_node")):
+        if want > limit:
+            raise ConfigError(f"{key} = {want}: cluster profile {profile.name!r} ({profile.path or 'embedded'}) has at "
+                              f"most {limit} ({what})")
+
+
 def check_fits(cfg: Config, profile, a: Assumptions = Assumptions()) -> Plan:
-    """The plan of ``cfg`` on ``profile`` (raises ConfigError when the profile cannot be planned for)."""
+    """The plan of ``cfg`` on ``profile`` (raises ConfigError when the profile cannot be planned for: no GPU
+    memory, a launch layout beyond its limits, an assumption out of range)."""
     gpu_gib = _gpu_gib(profile, str(profile.path or "embedded"))
-    return memory_plan(cfg, model_shape(cfg.model.path), gpu_gib, a)
+    _check_layout(cfg, profile)
+    return memory_plan(cfg, model_shape(cfg.model.path), gpu_gib, a.check())
 
 
 def check_sweep(spec, profile, log=print) -> None:
@@ -429,9 +463,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     where = f"{a.experiment}{' ' + ' '.join(a.overrides) if a.overrides else ''} on {profile.name}"
-    if cfg.launch.num_processes > profile.max_gpus_per_node or cfg.launch.num_nodes > profile.max_nodes:
-        print(f"warning: launch asks {cfg.launch.num_nodes} nodes × {cfg.launch.num_processes} GPUs; profile "
-              f"{profile.name!r} allows {profile.max_nodes} × {profile.max_gpus_per_node}")
     print("\n".join(render(plan, step_time(cfg, plan.shape, assume), assume, where)))
     print(verdict(plan))
     return 0 if plan.failure is None else 1

@@ -22,9 +22,10 @@ resumable (unsent points are in the checkpoint). sqlite on a local disk is fine 
 handful of concurrent jobs; for more, or for jobs on other machines, run a tracking server
 (:mod:`dapo.mlflow_server`) and point ``logging.tracking_uri`` at it.
 
-Tracking servers and secrets. A tracking URI never holds a password: :class:`Tracker` and
-the launcher refuse one (the URI is written to run directories, job scripts, MLflow params
-and log lines). The password is read, in the process that needs it, from a file or an
+Tracking servers and secrets. A tracking URI never holds a password: loading a config refuses
+one in any of its values (:func:`dapo.config.build_config`, before anything is written or
+printed), and :class:`Tracker` and the launcher refuse one too (the URI is written to run
+directories, job scripts, MLflow params and log lines). The password is read, in the process that needs it, from a file or an
 environment variable *named* by ``$DAPO_TRACKING_PASSWORD_FILE`` / ``$DAPO_TRACKING_PASSWORD_ENV``
 (a cluster profile's ``tracking_password_file`` / ``tracking_password_env`` end up there) and
 handed to the client the way its driver reads it: ``PGPASSWORD`` (libpq) for a
@@ -43,7 +44,6 @@ import math
 import os
 import platform
 import random
-import re
 import subprocess
 import sys
 import time
@@ -53,6 +53,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from dapo import faults
+from dapo.yaml_io import (PASSWORD_ENV_VAR, PASSWORD_FILE_VAR, password_refusal,  # the one place passwords
+                          redact, uri_password)                                  # are found (config uses it)
 
 __all__ = ["Tracker", "TrackingError", "default_tracking_uri", "git_commit", "environment_tags",
            "call_with_retry", "store_lock", "redact", "uri_password", "refuse_password", "read_password",
@@ -155,39 +157,10 @@ def default_tracking_uri(output_dir: str | os.PathLike) -> str:
 
 
 # --------------------------------------------------------------------------- servers and secrets
-PASSWORD_FILE_VAR = "DAPO_TRACKING_PASSWORD_FILE"   # names a file holding the password
-PASSWORD_ENV_VAR = "DAPO_TRACKING_PASSWORD_ENV"     # names an environment variable holding it
-_USERINFO_RE = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*):[^\s@/]*@")
-_QUERY_PW_RE = re.compile(r"(?i)\b(password|passwd|pwd)=[^&\s]*")
-
-
-def redact(text: str) -> str:
-    """``text`` with the password of every URI in it (``scheme://user:PW@``, ``?password=PW``) masked."""
-    return _QUERY_PW_RE.sub(r"\1=***", _USERINFO_RE.sub(r"\1:***@", str(text)))
-
-
-def uri_password(uri: str) -> str | None:
-    """The password a URI holds (user info or a ``password=`` query parameter), else None."""
-    try:
-        parts = urllib.parse.urlsplit(uri)
-        pw = parts.password
-    except ValueError:
-        return None
-    if pw:
-        return pw
-    for k, v in urllib.parse.parse_qsl(parts.query):
-        if k.lower() in ("password", "passwd", "pwd") and v:
-            return v
-    return None
-
-
 def refuse_password(uri: str | None, where: str) -> None:
     """Raise TrackingError (naming ``where``, never the password) if ``uri`` holds a password."""
     if uri and uri_password(uri):
-        raise TrackingError(f"{where}: the tracking URI {redact(uri)} holds a password, which would be written to "
-                            f"job scripts, run directories, MLflow params and logs; remove it from the URI and "
-                            f"put it in a file named by tracking_password_file (${PASSWORD_FILE_VAR}) or an "
-                            f"environment variable named by tracking_password_env (${PASSWORD_ENV_VAR})")
+        raise TrackingError(password_refusal(where, uri, "tracking URI"))
 
 
 def read_password(*, password_env: str | None = None, password_file: str | os.PathLike | None = None,

@@ -41,6 +41,7 @@ from dapo.evaluate import eval_seed, evaluate
 from dapo.logprobs import old_logprobs, response_loss_mask, response_mask, single_step_on_policy
 from dapo.rollout import make_rollout_engine, rollout_with_retry, round_seed
 from dapo.run_data import load_run_data
+from dapo.run_dir import hold_run_dir
 from dapo.tracking import mark_run_ended
 from dapo.update import NonFiniteError, Policy, build_policy, mean_metrics, old_policy_metrics, update_policy
 from dapo.weight_sync import push_weights, release_engine
@@ -111,12 +112,14 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
     showing RUNNING; resuming the run dir sets it RUNNING again. Checkpoints are untouched.
     """
     run_dir = Path(run_dir) if run_dir is not None else run_dir_for(cfg)
-    try:
-        return _train(cfg, run_dir, tags=tags)
-    except BaseException as exc:
-        if int(os.environ.get("RANK", "0") or 0) == 0:
-            mark_run_ended(run_dir, exc)
-        raise
+    main_rank = int(os.environ.get("RANK", "0") or 0) == 0
+    with hold_run_dir(run_dir, enabled=main_rank):   # RunDirBusy (another process trains here): nothing touched
+        try:
+            return _train(cfg, run_dir, tags=tags)
+        except BaseException as exc:
+            if main_rank:
+                mark_run_ended(run_dir, exc)
+            raise
 
 
 def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[str, Any]:
@@ -271,7 +274,10 @@ def _start_run(cfg: Config, run_dir: Path, tags: dict[str, str] | None) -> Run:
     is_main = dist_info.is_main
     random.seed(cfg.train.seed); np.random.seed(cfg.train.seed); torch.manual_seed(cfg.train.seed)
     log = (lambda *a: print("[dapo]", *a, flush=True)) if is_main else (lambda *a: None)
-    (run_dir / "config.yaml").write_text(_yaml(to_dict(cfg)))
+    if is_main:   # atomically: `dapo train` of the same run dir reads it (dapo.run_dir.check_run_dir)
+        tmp = run_dir / f".config.yaml.{os.getpid()}.tmp"
+        tmp.write_text(_yaml(to_dict(cfg)))
+        os.replace(tmp, run_dir / "config.yaml")
     model_path = resolve_policy_path(cfg.model.path)
     tokenizer = load_tokenizer(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -7,17 +7,15 @@ naming the file, the key and what is allowed. Pure: imports neither torch nor su
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
-from dapo.config import ConfigError, _coerce, safe_yaml_file, show
+from dapo.config import NAME_RE, ConfigError, _coerce, name_problem, safe_yaml_file, show
 
 __all__ = ["NAME_RE", "REPO_ROOT", "check_int", "check_mapping", "check_name", "check_number", "check_path",
            "check_text", "yaml_mapping_file"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
 def _is(value: Any, tp: Any) -> bool:
@@ -30,11 +28,13 @@ def _is(value: Any, tp: Any) -> bool:
 
 
 def check_name(value: Any, key: str, where: str) -> str:
-    """A name that reaches a job script or a path: ``^[A-Za-z0-9._-]+$`` (no spaces, quotes, ``;``, ``$``).
+    """A name that reaches a job script or a path: ``^[A-Za-z0-9._-]+$`` (no spaces, quotes, ``;``, ``$``),
+    at most :data:`dapo.config.MAX_NAME_CHARS` characters (the rule of a config's ``name``).
 
     A full match: ``re.match`` with ``$`` would accept a trailing newline, which breaks a script's quoting."""
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value) or value in (".", ".."):
-        raise ConfigError(f"{where}: {key} = {show(value)}: expected a name matching {NAME_RE.pattern}")
+    problem = name_problem(value)
+    if problem:
+        raise ConfigError(f"{where}: {key} = {show(value)}: {problem}")
     return value
 
 

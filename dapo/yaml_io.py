@@ -2,7 +2,8 @@
 
 :class:`ConfigError` is what every loader of user input (experiments, overrides, sweep specs,
 cluster profiles) raises: one message naming the file, the key and what is allowed, never a
-traceback. :func:`show` bounds how much of a user value an error message may print.
+traceback. :func:`show` bounds how much of a user value an error message may print, and masks
+any password in it (:func:`redact`; :func:`uri_password` finds one in a URI).
 :func:`safe_yaml_text` / :func:`safe_yaml_file` are the project's one YAML loader: PyYAML's safe
 loader that also refuses alias bombs, recursive aliases and a key given twice in one mapping.
 
@@ -11,28 +12,75 @@ A leaf: the standard library and PyYAML only (``dapo.config`` re-exports these n
 
 from __future__ import annotations
 
+import re
 import reprlib
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["ConfigError", "RefusedYaml", "show", "SHOW_CHARS", "MAX_ALIAS_NODES", "safe_yaml_text", "safe_yaml_file"]
+__all__ = ["ConfigError", "RefusedYaml", "show", "SHOW_CHARS", "MAX_ALIAS_NODES", "safe_yaml_text", "safe_yaml_file",
+           "redact", "uri_password", "password_refusal", "PASSWORD_FILE_VAR", "PASSWORD_ENV_VAR"]
 
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the file, the key and what is allowed."""
 
 
+_USERINFO_RE = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*):[^\s@/]*@")
+_QUERY_PW_RE = re.compile(r"(?i)\b(password|passwd|pwd)=[^&\s]*")
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every URI in it (``scheme://user:PW@``, ``?password=PW``) masked."""
+    return _QUERY_PW_RE.sub(r"\1=***", _USERINFO_RE.sub(r"\1:***@", str(text)))
+
+
+def uri_password(uri: str) -> str | None:
+    """The password a URI holds (user info or a ``password=`` query parameter), else None."""
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        pw = parts.password
+    except ValueError:
+        return None
+    if pw:
+        return pw
+    for k, v in urllib.parse.parse_qsl(parts.query):
+        if k.lower() in ("password", "passwd", "pwd") and v:
+            return v
+    return None
+
+
+PASSWORD_FILE_VAR = "DAPO_TRACKING_PASSWORD_FILE"   # names a file holding the tracking password
+PASSWORD_ENV_VAR = "DAPO_TRACKING_PASSWORD_ENV"     # names an environment variable holding it
+
+
+def password_refusal(where: str, uri: str, what: str = "URI") -> str:
+    """Why a URI holding a password is refused, and where the password goes instead (never the password)."""
+    return (f"{where}: the {what} {redact(uri)} holds a password, which would be written to run directories, job "
+            f"scripts, MLflow params and logs; remove it from the URI and put it in a file named by "
+            f"${PASSWORD_FILE_VAR} (or an environment variable named by ${PASSWORD_ENV_VAR}); a cluster profile "
+            f"names them as tracking_password_file / tracking_password_env")
+
+
+class _Repr(reprlib.Repr):
+    """reprlib that masks passwords in every string before it is cut (a cut could keep half of one)."""
+
+    def repr_str(self, x: str, level: int) -> str:
+        return super().repr_str(redact(x), level)
+
+
 SHOW_CHARS = 200
-_REPR = reprlib.Repr()
+_REPR = _Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 4, SHOW_CHARS, SHOW_CHARS
 _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
 
 
 def show(value: Any, limit: int = SHOW_CHARS) -> str:
     """``repr(value)`` for an error message, at most ``limit`` characters: a user value is never
-    printed whole (reprlib walks at most a few levels and items, so a huge value costs nothing)."""
+    printed whole (reprlib walks at most a few levels and items, so a huge value costs nothing),
+    and a password in it never at all (:func:`redact`)."""
     text = _REPR.repr(value)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 

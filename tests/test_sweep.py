@@ -320,7 +320,8 @@ def test_accelerate_command_for_two_nodes_of_eight_gpus():
     assert opts["--main_process_ip"] == "node-a" and opts["--main_process_port"] == "29512"
     assert opts["--mixed_precision"] == "bf16"
     assert Path(opts["--config_file"]) == REPO / "slurm" / "accelerate-fsdp.yaml"
-    assert "--multi_gpu" not in cmd and cmd[-5:] == ["-m", "dapo.train", "/r/cfg.yaml", "--run-dir", "/r"]
+    assert "--multi_gpu" not in cmd and cmd[-6:] == ["-m", "dapo.train", "--allow-resource-change",
+                                                     "/r/cfg.yaml", "--run-dir", "/r"]
     assert "--same_network" in cmd and cmd[cmd.index("--rdzv_backend") + 1] == "static"
     ddp = accelerate_command(python="p", config_path="c", run_dir="r", nodes=1, gpus_per_node=8, machine_rank=0,
                              main_ip="h", main_port=1, fsdp=False)

@@ -1,0 +1,137 @@
+"""A run directory: what it may hold, whether a config may resume it, and one process at a time.
+
+    check_run_dir(cfg, run_dir)   before anything is written: the directory is new, empty, or holds a
+                                  run of this config (its ``config.yaml`` has the same run id, and no
+                                  resource-only key differs unless ``allow_resource_change``); a
+                                  directory holding anything a run does not write is not a run dir
+    hold_run_dir(run_dir)         an exclusive lock on ``<run_dir>/run.lock`` for as long as the run
+                                  lives; a second process gets :class:`RunDirBusy` naming the holder
+
+Both raise a :class:`~dapo.config.ConfigError` (one line, exit 2 in ``dapo train``).
+
+The lock is a POSIX record lock (``fcntl.lockf``), not ``flock``: it belongs to the process, so a
+child forked by the trainer (a math-verify worker, a data loader) never holds it, and the kernel
+drops it when the process dies however it dies (``kill -9``, a Slurm requeue), so a requeued or
+resumed job always gets it. Only rank 0 of a multi-process run takes it (the other ranks share the
+directory with it). A POSIX lock is released when its process closes *any* descriptor of the file,
+so this process never opens ``run.lock`` a second time (:func:`hold_run_dir` is re-entrant instead).
+
+Pure standard library plus :mod:`dapo.config`: no torch, nothing imported that writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from dapo.config import Config, ConfigError, build_config, config_diff, config_hash, show
+from dapo.yaml_io import safe_yaml_file
+
+__all__ = ["RunDirBusy", "check_run_dir", "hold_run_dir", "LOCK_FILE", "RUN_ENTRIES"]
+
+LOCK_FILE = "run.lock"
+# What a run (dapo train, a sweep job) writes at the top of its directory.
+RUN_ENTRIES = frozenset({"config.yaml", "checkpoints", "mlflow_run.json", "summary.json", "final_model",
+                         "eval_records", "engine.log", ".engine-logging.json", LOCK_FILE, "job.json",
+                         "requeues.json", "failed.json"})
+_RUN_ENTRY_RE = re.compile(r"\.launch-config\.node\d+\.yaml|\..+\.\d+\.tmp")   # per-node configs, atomic writes
+
+
+class RunDirBusy(ConfigError):
+    """Another process is training into this run directory."""
+
+
+def _show_value(v: Any) -> str:
+    return show(v, 60)
+
+
+def _changes(diff: dict[str, tuple[Any, Any]], limit: int = 6) -> str:
+    items = [f"{k} ({_show_value(a)} in the run, {_show_value(b)} now)" for k, (a, b) in diff.items()]
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def check_run_dir(cfg: Config, run_dir: str | os.PathLike, *, allow_resource_change: bool = False) -> None:
+    """Refuse (ConfigError) to train ``cfg`` into ``run_dir`` unless it is new, empty, or this config's run.
+
+    Reads only: the directory listing and ``config.yaml``."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        return
+    if not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir}: exists and is not a directory")
+    try:
+        names = sorted(p.name for p in run_dir.iterdir())
+    except OSError as exc:
+        raise ConfigError(f"run directory {run_dir}: cannot list it ({exc.strerror})") from None
+    foreign = [n for n in names if n not in RUN_ENTRIES and not _RUN_ENTRY_RE.fullmatch(n)]
+    if foreign:
+        raise ConfigError(f"run directory {run_dir} is not empty and is not a run directory (it holds "
+                          f"{', '.join(map(repr, foreign[:3]))}{' ...' if len(foreign) > 3 else ''}, which no run "
+                          f"writes); a run would overwrite files there: give a new or empty --run-dir")
+    stored_path = run_dir / "config.yaml"
+    if not stored_path.is_file():
+        return
+    try:
+        stored = build_config(safe_yaml_file(stored_path) or {}, str(stored_path))
+    except ConfigError as exc:
+        raise ConfigError(f"run directory {run_dir}: its config.yaml is not a config this version reads "
+                          f"({exc}); give a new --run-dir") from None
+    diff = config_diff(stored, cfg)
+    if diff["run"]:
+        raise ConfigError(f"run directory {run_dir} holds run {config_hash(stored)}, whose config differs from this "
+                          f"one (run id {config_hash(cfg)}) in keys that change its numbers: {_changes(diff['run'])}; "
+                          f"resuming would mix two configs in one run. Omit --run-dir (each config gets its own "
+                          f"directory) or give a new one")
+    if diff["resources"] and not allow_resource_change:
+        raise ConfigError(f"run directory {run_dir}: resource-only keys differ from the run's config: "
+                          f"{_changes(diff['resources'])}; they do not change the run's numbers: pass "
+                          f"--allow-resource-change to resume with them")
+
+
+_HELD: dict[str, int] = {}   # resolved run dir → the descriptor of its lock file, in this process
+
+
+def _holder(path: Path) -> str:
+    """What the lock file says about its holder (another process wrote it): ``pid N on HOST``."""
+    try:
+        words = path.read_text(encoding="utf-8", errors="replace").split()
+    except OSError:
+        words = []
+    if words and words[0].isdigit():
+        return f"pid {words[0]}" + (f" on {show(words[1], 80)}" if len(words) > 1 else "")
+    return "a process that has not written its pid yet"
+
+
+@contextlib.contextmanager
+def hold_run_dir(run_dir: str | os.PathLike, *, enabled: bool = True) -> Iterator[None]:
+    """Hold ``<run_dir>/run.lock`` (created with the directory) while the body runs; re-entrant.
+
+    ``enabled=False`` (ranks other than 0) holds nothing. Raises :class:`RunDirBusy` naming the
+    holder's pid at once if another process holds it."""
+    run_dir = Path(run_dir)
+    key = str(run_dir.resolve())
+    if not enabled or key in _HELD:
+        yield
+        return
+    import fcntl
+    import socket
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise RunDirBusy(f"run directory {run_dir} is in use by {_holder(path)} (another dapo train of this run); "
+                         f"two processes must not train into one run: wait for it to end or stop it") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        _HELD[key] = fd
+        yield
+    finally:
+        _HELD.pop(key, None)
+        os.close(fd)   # releases the lock (the kernel does it too if the process dies)

@@ -1,0 +1,299 @@
+"""Safe by default (issue 27): secrets never reach disk or a terminal, names never escape the output
+root or garble a terminal, a run dir is resumed only by its own config and by one process at a time,
+two submissions create one store, and `dapo plan` / `launch` values cannot divide by zero.
+
+Every refusal is one ``error:`` line, exit 2, nothing written. Fast: the CLI cases run in
+subprocesses that stop before torch is imported; the rest run in-process with a fake trainer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dapo.config import ConfigError, config_diff, load_config, show, to_dict
+from tests.test_bad_input import SMOKE, dapo, files_under, one_error, spec_dict, write_yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SECRET = "Hunter2xyz"
+PG = f"postgresql://mlflow:{SECRET}@db.lab:5432/mlflow"
+
+
+# =========================================================================== 1. secrets
+@pytest.mark.parametrize("path", ["train", "config", "plan", "sweep-expand", "sweep-dry-run-set", "spec-base-overrides"])
+def test_a_password_in_a_uri_is_refused_everywhere_before_anything_is_written(tmp_path, path):
+    out = tmp_path / "out"
+    ov = f"logging.tracking_uri={PG}"
+    if path == "train":
+        r = dapo("train", str(SMOKE), f"output_dir={out}", ov, cwd=tmp_path)
+    elif path == "config":
+        r = dapo("config", str(SMOKE), ov, cwd=tmp_path)
+    elif path == "plan":
+        r = dapo("plan", str(REPO / "experiments" / "paper-dapo-32b.yaml"), ov, "--cluster", "example-gpu-cluster",
+                 cwd=tmp_path)
+    else:
+        extra = {"base_overrides": {"rollout.engine": "hf", "logging.tracking_uri": PG}} \
+            if path == "spec-base-overrides" else {}
+        spec = write_yaml(tmp_path / "s.yaml", spec_dict(**extra))
+        sets = ["--set", ov] if path != "spec-base-overrides" else []
+        cmd = ["submit", "--dry-run", "--cluster", "local"] if path == "sweep-dry-run-set" else ["expand"]
+        r = dapo("sweep", cmd[0], str(spec), *cmd[1:], *sets, "--output", str(out), cwd=tmp_path)
+    line = one_error(r, "logging.tracking_uri", "postgresql://mlflow:***@db.lab", "$DAPO_TRACKING_PASSWORD_FILE")
+    assert SECRET not in r.stdout + r.stderr, line
+    assert not out.exists() and files_under(tmp_path) <= {"s.yaml"}
+
+
+def test_any_uri_valued_key_and_any_error_echo_mask_the_password():
+    with pytest.raises(ConfigError) as exc:       # not only tracking_uri: every string value
+        load_config(SMOKE, [f"data.train=http://u:{SECRET}@h/d.jsonl"])
+    assert "data.train" in str(exc.value) and SECRET not in str(exc.value)
+    with pytest.raises(ConfigError) as exc:       # a password= query parameter
+        load_config(SMOKE, [f"logging.tracking_uri=postgresql://db/m?password={SECRET}"])
+    assert SECRET not in str(exc.value)
+    # show(), what every error message prints a user value with, masks it even cut short or nested
+    assert SECRET not in show({"k": [f"x {PG} " + "y" * 500]}) and SECRET not in show(PG + "z" * 1000)
+    assert SECRET not in show(f"postgresql://u:{SECRET}" + "q" * 400 + "@h/db")
+
+
+# =========================================================================== 2. names
+@pytest.mark.parametrize("value", ["/abs/path", "../../x", "a/b", "..", ".", "a b", "a\x1b[31mb", "a\u202eb",
+                                   "a\u2066b", "a\0b", "a\nb", "x" * 129, ""])
+@pytest.mark.parametrize("key", ["name", "logging.experiment"])
+def test_names_that_escape_the_output_root_or_garble_a_terminal_are_refused(key, value):
+    with pytest.raises(ConfigError) as exc:
+        load_config(SMOKE, {key: value})
+    text = str(exc.value)
+    assert f"{key} = " in text and "\n" not in text and "\x1b" not in text and "\u202e" not in text
+
+
+@pytest.mark.parametrize("key, value", [("model.path", "tiny\x1b]0;pwned\x07"), ("output_dir", "runs\u202e"),
+                                        ("logging.arm", "a/b"), ("logging.sweep", "s\r"),
+                                        ("eval.datasets", [{"name": "arith-eval\x1b[2J"}])])
+def test_every_string_value_is_free_of_control_and_direction_characters(key, value):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(SMOKE, {key: value})
+
+
+def test_the_longest_name_and_the_shipped_names_pass():
+    assert load_config(SMOKE, {"name": "x" * 128, "logging.experiment": "a.B_c-1"}).name == "x" * 128
+    for exp in (REPO / "experiments").glob("*.yaml"):
+        load_config(exp)
+
+
+def test_train_with_a_name_outside_the_output_root_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    one_error(dapo("train", str(SMOKE), f"output_dir={out}", "name=../../escaped", cwd=tmp_path),
+              "name = '../../escaped'")
+    assert files_under(tmp_path) == set()
+
+
+# =========================================================================== 3. resume under another config
+@pytest.fixture
+def train_main(monkeypatch, capsys):
+    """``dapo train ARGS`` in-process with a fake trainer: (exit code, error text, fake's calls)."""
+    from dapo.cli import train_main as real
+    monkeypatch.setenv("VLLM_CONFIGURE_LOGGING", "0")     # route_engine_logs leaves the environment alone
+    monkeypatch.delenv("RANK", raising=False)
+
+    def run(*args: str):
+        calls = []
+        rc = real([str(SMOKE), *args], train_fn=lambda cfg, d: calls.append((cfg, Path(d))) or {})
+        err = capsys.readouterr().err
+        return rc, err, calls
+    return run
+
+
+def _stored_run(run_dir: Path, *overrides: str) -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(load_config(SMOKE, list(overrides))), sort_keys=False))
+    return run_dir
+
+
+@pytest.mark.parametrize("changed", [["train.lr=3e-6"], ["algo.clip.eps_high=0.28", "train.rollout_steps=9"]])
+def test_resuming_a_run_dir_under_another_config_is_refused_naming_the_keys(tmp_path, train_main, changed):
+    d = _stored_run(tmp_path / "run")
+    before = (d / "config.yaml").read_text()
+    rc, err, calls = train_main(*changed, "--run-dir", str(d))
+    assert rc == 2 and not calls and err.startswith("error: ") and err.count("\n") == 1, err
+    for ov in changed:
+        assert ov.split("=")[0] in err
+    assert "change its numbers" in err and (d / "config.yaml").read_text() == before
+    assert sorted(p.name for p in d.iterdir()) == ["config.yaml"]
+
+
+def test_a_resource_only_change_needs_the_explicit_flag(tmp_path, train_main):
+    d = _stored_run(tmp_path / "run", "train.threads=1")
+    rc, err, calls = train_main("train.threads=2", "--run-dir", str(d))
+    assert rc == 2 and not calls and "train.threads" in err and "--allow-resource-change" in err, err
+    rc, err, calls = train_main("train.threads=2", "--run-dir", str(d), "--allow-resource-change")
+    assert rc == 0 and len(calls) == 1 and calls[0][0].train.threads == 2, err
+    rc, err, calls = train_main("train.threads=1", "logging.arm=other", "--run-dir", str(d))   # same config: resumes
+    assert rc == 0 and len(calls) == 1, err
+
+
+def test_a_directory_that_is_not_a_run_dir_is_refused_and_left_alone(tmp_path, train_main):
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "notes.txt").write_text("keep me")
+    (d / "summary.json").write_text("{}")        # a run's file name, but beside a file no run writes
+    rc, err, calls = train_main("--run-dir", str(d))
+    assert rc == 2 and not calls and "not a run directory" in err and "'notes.txt'" in err, err
+    assert (d / "notes.txt").read_text() == "keep me" and sorted(p.name for p in d.iterdir()) == ["notes.txt", "summary.json"]
+    (tmp_path / "f").write_text("x")
+    rc, err, calls = train_main("--run-dir", str(tmp_path / "f"))
+    assert rc == 2 and not calls and "not a directory" in err
+
+
+def test_config_diff_groups_keys_by_what_they_change():
+    a = load_config(SMOKE)
+    b = load_config(SMOKE, ["train.lr=0.5", "train.threads=3", "logging.arm=z", "name=other"])
+    d = config_diff(a, b)
+    assert list(d["run"]) == ["train.lr"] and list(d["resources"]) == ["train.threads"]
+    assert sorted(d["naming"]) == ["logging.arm", "name"]
+
+
+# =========================================================================== 4. one process per run dir
+HOLD = ("import sys, time; from dapo.run_dir import hold_run_dir\n"
+        "with hold_run_dir(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)\n")
+
+
+def _holder(run_dir: Path) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_a_second_train_into_a_held_run_dir_exits_2_naming_the_pid_and_the_lock_dies_with_its_holder(
+        tmp_path, train_main, monkeypatch):
+    d = tmp_path / "run"
+    holder = _holder(d)
+    try:
+        rc, err, calls = train_main("--run-dir", str(d))
+        assert rc == 2 and not calls and f"in use by pid {holder.pid}" in err and err.count("\n") == 1, err
+        monkeypatch.setenv("RANK", "1")     # another rank of the holder's own multi-process run shares the dir
+        rc, err, calls = train_main("--run-dir", str(d))
+        assert rc == 0 and len(calls) == 1, err
+        monkeypatch.delenv("RANK")
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)  # as a preempted / requeued job dies: no handler runs
+        holder.wait()
+    rc, err, calls = train_main("--run-dir", str(d))
+    assert rc == 0 and len(calls) == 1, err
+
+
+def test_the_lock_is_reentrant_and_held_by_train_itself(tmp_path):
+    """`dapo train` holds it and train() takes it again (a sweep job calls train() directly):
+    entering twice in one process neither blocks nor releases it."""
+    from dapo.run_dir import hold_run_dir
+    d = tmp_path / "run"
+    with hold_run_dir(d):
+        with hold_run_dir(d):
+            pass
+        probe = subprocess.run([sys.executable, "-c", HOLD, str(d)], cwd=REPO, capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+        assert probe.returncode != 0 and "RunDirBusy" in probe.stderr and f"pid {os.getpid()}" in probe.stderr
+    holder = _holder(d)        # released on exit: another process takes it, then this one again
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    with hold_run_dir(d):
+        pass
+
+
+# =========================================================================== 5. two submissions, one fresh store
+def _jobs(tmp_path: Path):
+    from dapo.sweep_spec import expand, load_spec
+    return expand(load_spec(write_yaml(tmp_path / "s.yaml", spec_dict())), tmp_path / "out")
+
+
+def test_submit_opens_a_fresh_store_only_under_the_lock_the_trainer_takes(tmp_path, monkeypatch):
+    """Two `dapo sweep submit` 0.3 s apart on a fresh output root: the second one died in MLflow's
+    schema migration, which the first was running without the lock. Whether the store is opened
+    under ``<db>.lock`` is checked when it is opened (a probe tries the lock from another descriptor)."""
+    import fcntl
+
+    import mlflow.tracking
+
+    from dapo.cluster import load_profile
+    from dapo.launcher import _init_tracking
+    lock = (tmp_path / "out").resolve() / "mlruns.db.lock"
+    held: list[bool] = []
+
+    class Client:
+        def __init__(self, tracking_uri: str):
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+            finally:
+                os.close(fd)
+
+        def get_experiment_by_name(self, name):
+            return None
+
+        def create_experiment(self, name, artifact_location=None):
+            return "1"
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", Client)
+    _init_tracking(_jobs(tmp_path), load_profile("local"))
+    assert held == [True]
+
+
+def test_submit_waits_for_a_store_being_created_then_creates_its_experiment(tmp_path):
+    from dapo.cluster import load_profile
+    from dapo.launcher import _init_tracking
+    from dapo.tracking import store_lock
+    jobs = _jobs(tmp_path)
+    uri = f"sqlite:///{(tmp_path / 'out').resolve() / 'mlruns.db'}"
+    errors: list[BaseException] = []
+
+    def init():
+        try:
+            _init_tracking(jobs, load_profile("local"))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+    with store_lock(uri):                     # a trainer (or another submit) is creating the store
+        t = threading.Thread(target=init)
+        t.start()
+        time.sleep(0.5)
+        assert t.is_alive()
+    t.join(180)
+    assert not t.is_alive() and not errors, errors
+    from mlflow.tracking import MlflowClient
+    assert MlflowClient(tracking_uri=uri).get_experiment_by_name("s") is not None
+
+
+# =========================================================================== 8. plan flags, launch layout
+@pytest.mark.parametrize("args, words", [
+    (["--mfu", "0"], "--mfu = 0: a FLOP utilisation must be in (0, 1]"),
+    (["--mfu", "nan"], "--mfu = nan: expected a finite number"),
+    (["--overhead-gib", "-5"], "--overhead-gib = -5: must be >= 0"),
+    (["--vllm-act-gib", "-1"], "--vllm-act-gib = -1: must be >= 0"),
+    (["--peak-tflops", "0"], "--peak-tflops = 0: must be > 0"),
+    (["--decode-tps-32b", "inf"], "expected a finite number"),
+    (["--rounds", "0"], "--rounds = 0: a step takes at least one generation round"),
+    (["--mean-response-tokens", "0"], "--mean-response-tokens = 0: must be > 0"),
+    (["launch.num_nodes=100000"], "launch.num_nodes = 100000: cluster profile 'example-gpu-cluster'"),
+    (["launch.num_processes=16"], "launch.num_processes = 16: cluster profile 'example-gpu-cluster'"),
+    (["launch.num_processes=0"], "launch.num_processes = 0: must be >= 1"),
+])
+def test_plan_flags_and_layouts_out_of_range_are_one_error_line(capsys, args, words):
+    from dapo import plan
+    rc = plan.main([str(REPO / "experiments" / "paper-dapo-32b.yaml"), *args, "--cluster", "example-gpu-cluster"])
+    cap = capsys.readouterr()
+    assert rc == 2 and cap.out == "" and cap.err.count("\n") == 1 and words in cap.err, cap.err
+
+
+@pytest.mark.parametrize("ov", [{"launch.num_processes": 0}, {"launch.num_nodes": 0},
+                                {"launch.num_processes": 0, "rollout.tensor_parallel_size": 1}])
+def test_a_zero_process_layout_is_a_config_error_not_a_division_by_zero(ov):
+    with pytest.raises(ConfigError, match=r"launch\.num_(processes|nodes) = 0: must be >= 1"):
+        load_config(SMOKE, ov)
