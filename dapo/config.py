@@ -123,6 +123,19 @@ class DynamicSamplingConfig:
 
 
 @dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    mode: Literal["off", "tis", "mis", "icepop", "geo_rs"] = doc(
+        "correct the rollout-training mismatch rho = pi_old/pi_rollout (dapo.corrections): off, tis (truncated "
+        "IS weight min(rho, cap)), mis (IS weight, rejected outside [lo, hi]), icepop (token band [lo, hi]), "
+        "geo_rs (reject sequences whose geometric-mean rho is outside [lo, hi])", "off")
+    level: Literal["token", "sequence"] = doc("tis/mis: per token, or one weight per sequence (the product of rho)",
+                                              "token")
+    cap: float = doc("tis: the weight ceiling C", 2.0)
+    lo: float = doc("mis/icepop/geo_rs: the lower bound of the kept band", 0.5)
+    hi: float = doc("mis/icepop/geo_rs: the upper bound of the kept band", 2.0)
+
+
+@dataclass(frozen=True)
 class AlgoConfig:
     name: str = doc("a label for the recipe (grpo, dapo, ...); informational", "dapo")
     clip: ClipConfig = doc("Clip-Higher toggle group", factory=ClipConfig)
@@ -134,6 +147,11 @@ class AlgoConfig:
     overlong: OverlongConfig = doc("overlong filtering / soft punishment toggle group", factory=OverlongConfig)
     dynamic_sampling: DynamicSamplingConfig = doc("dynamic sampling toggle group", factory=DynamicSamplingConfig)
     adv_eps: float = doc("ε in (R - mean) / (std + ε)", 1e-6)
+    rollout_correction: RolloutCorrectionConfig = doc(
+        "rollout-training mismatch correction toggle group (off by default)", factory=RolloutCorrectionConfig)
+    old_logprobs: Literal["trainer", "rollout"] = doc(
+        "pi_old: recomputed by the trainer (decoupled, default), or the rollout engine's log-probs (bypass: no "
+        "pi_old pass; the PPO ratio then also absorbs the mismatch)", "trainer")
 
 
 @dataclass(frozen=True)
@@ -355,6 +373,12 @@ def _check_ranges(cfg: Config, where: str) -> None:
          r.max_new_tokens, f"must be > algo.overlong.max_len - algo.overlong.cache_len "
          f"({o.max_len} - {o.cache_len} = {o.max_len - o.cache_len}) with algo.overlong.soft_punish on, or no "
          f"response is ever punished; set algo.overlong.max_len = rollout.max_new_tokens (as the paper)")
+    rc = a.rollout_correction
+    need(rc.cap >= 1, "algo.rollout_correction.cap", rc.cap, "must be >= 1")
+    need(0 <= rc.lo <= 1, "algo.rollout_correction.lo", rc.lo, "must be in [0, 1]")
+    need(rc.hi >= 1, "algo.rollout_correction.hi", rc.hi, "must be >= 1")
+    need(rc.mode == "off" or a.old_logprobs == "trainer", "algo.rollout_correction.mode", rc.mode,
+         "needs algo.old_logprobs=trainer (with bypass pi_old is pi_rollout: rho = 1, nothing to correct)")
     ds = a.dynamic_sampling
     need(ds.max_gen_rounds >= 1, "algo.dynamic_sampling.max_gen_rounds", ds.max_gen_rounds, "must be >= 1")
     need(ds.oversample >= 1, "algo.dynamic_sampling.oversample", ds.oversample, "must be >= 1")
@@ -610,7 +634,8 @@ UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep
                  "train.logits_chunk_tokens", "launch.pg_timeout_s")
 # Keys added after runs existed that do change the numbers: hashed only when they differ from the value
 # below (the behaviour before they existed), so every older run id stays valid.
-HASHED_WHEN_NOT = {"data.train_skip": 0, "train.max_tokens_per_micro_batch": None}
+HASHED_WHEN_NOT = {"data.train_skip": 0, "train.max_tokens_per_micro_batch": None, "algo.old_logprobs": "trainer",
+                   "algo.rollout_correction": {"mode": "off", "level": "token", "cap": 2.0, "lo": 0.5, "hi": 2.0}}
 
 
 _NAMING = ("logging", "output_dir", "name")   # config_hash's default exclude: where a run is named and logged

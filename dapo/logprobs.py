@@ -159,6 +159,17 @@ def response_mask(batch: RolloutBatch) -> torch.Tensor:
     return mask
 
 
+def rollout_logprobs(batch: RolloutBatch) -> torch.Tensor | None:
+    """[N, L] log π_rollout of each response token as the engine returned it (0 on padding), in
+    :func:`response_mask`'s layout; None when the batch has none."""
+    if batch.rollout_logprobs is None:
+        return None
+    out = torch.zeros_like(response_mask(batch))
+    for i, lp in enumerate(batch.rollout_logprobs):
+        out[i, :len(lp)] = torch.tensor(lp, dtype=out.dtype)
+    return out
+
+
 def response_loss_mask(resp_mask: torch.Tensor, finished: torch.Tensor, overlong_filter: bool) -> torch.Tensor:
     """Tokens the loss sees. resp_mask: [N, L]; finished: [N] bool (stopped on EOS).
 

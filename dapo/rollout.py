@@ -42,6 +42,8 @@ class RolloutBatch:
     rewards: torch.Tensor            # [B, G] shaped reward (±1 + soft overlong penalty)
     penalty: torch.Tensor            # [B, G] soft overlong penalty part
     stats: dict[str, float] = field(default_factory=dict)
+    rollout_logprobs: list[list[float]] | None = None   # N lists aligned with response_ids: log π_rollout
+                                                         # (None when the engine returned none)
 
     @property
     def num_groups(self) -> int:
@@ -127,11 +129,12 @@ def _exhausted(cfg: Config, rollout_step: int, n_kept: int, rounds: int, n_seen:
 def _assemble(kept: list[tuple[list[int], list[Any], torch.Tensor]], cfg: Config, stats: dict) -> RolloutBatch:
     """Flatten the kept groups group-major, shape the rewards (±1 + soft overlong penalty), add the rollout stats."""
     G, ov = cfg.rollout.n, cfg.algo.overlong
-    prompt_ids, response_ids, finished, lengths = [], [], [], []
+    prompt_ids, response_ids, finished, lengths, lps = [], [], [], [], []
     for p, comps, _ in kept:
         for c in comps:
             prompt_ids.append(p)
             response_ids.append(list(c.token_ids))
+            lps.append(getattr(c, "logprobs", None))
             finished.append(bool(c.finished))
             lengths.append(len(c.token_ids))
     correct = torch.stack([k[2] for k in kept]) if kept else torch.zeros(0, G, dtype=torch.bool)   # [B, G]
@@ -150,7 +153,9 @@ def _assemble(kept: list[tuple[list[int], list[Any], torch.Tensor]], cfg: Config
              "rollout/response_len_mean": float(np.mean(lengths)) if lengths else math.nan,
              "rollout/response_len_max": float(np.max(lengths)) if lengths else math.nan,
              "rollout/truncated_frac": (~finished_t).float().mean().item() if kept else math.nan}
-    return RolloutBatch(prompt_ids, response_ids, finished_t, correct, score + penalty, penalty, stats)
+    rollout_lp = lps if lps and all(lp is not None and len(lp) == len(r) for lp, r in zip(lps, response_ids)) \
+        else None
+    return RolloutBatch(prompt_ids, response_ids, finished_t, correct, score + penalty, penalty, stats, rollout_lp)
 
 
 # =========================================================================== the engine

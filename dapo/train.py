@@ -32,13 +32,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from dapo import algo, eval_records, faults
+from dapo import algo, corrections, eval_records, faults
 from dapo.base_model import resolve_policy_path
 from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dapo.config import Config, config_hash, flatten, to_dict
 from dapo.distributed import barrier, broadcast_object, destroy_distributed, final_state_dict, init_distributed
 from dapo.evaluate import eval_seed, evaluate
-from dapo.logprobs import old_logprobs, response_loss_mask, response_mask, single_step_on_policy
+from dapo.logprobs import old_logprobs, response_loss_mask, response_mask, rollout_logprobs, single_step_on_policy
 from dapo.rollout import make_rollout_engine, rollout_with_retry, round_seed
 from dapo.run_data import load_run_data
 from dapo.run_dir import hold_run_dir
@@ -146,12 +146,19 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
         adv = algo.group_advantages(batch.rewards, eps=cfg.algo.adv_eps).reshape(-1)
         # 5. π_old log-probs [N, L] (skipped when one optimizer step uses the batch: π_old is then
         #    the update's own forward, see single_step_on_policy) and the loss mask [N, L]
+        #    (bypass: π_old := π_rollout, no pass) and the loss mask [N, L]
         with timer("old_logprob"):
-            on_policy = single_step_on_policy(cfg, batch.num_groups)
-            old_lp, ent, resp_mask = ((None, None, response_mask(batch)) if on_policy else
-                                      old_logprobs(policy.module, batch, cfg, policy.pad_id, policy.device,
-                                                   policy.autocast, policy.rank, policy.world))
+            rollout_lp = rollout_logprobs(batch)                                      # [N, L] log π_rollout
+            on_policy = single_step_on_policy(cfg, batch.num_groups) and cfg.algo.rollout_correction.mode == "off"
+            if cfg.algo.old_logprobs == "rollout":
+                old_lp, ent, resp_mask = _need_rollout_lp(rollout_lp), None, response_mask(batch)
+            else:
+                old_lp, ent, resp_mask = ((None, None, response_mask(batch)) if on_policy else
+                                          old_logprobs(policy.module, batch, cfg, policy.pad_id, policy.device,
+                                                       policy.autocast, policy.rank, policy.world))
             loss_mask = response_loss_mask(resp_mask, batch.finished, cfg.algo.overlong.filter)
+        # 5b. the behaviour policy: mismatch π_old vs π_rollout, and its correction (per-token Â·w, rejections)
+        adv, loss_mask, mismatch = _behaviour(cfg, old_lp, rollout_lp, resp_mask, adv, loss_mask)
         # 6. μ optimizer steps (mini-batches × ppo_epochs), micro-batch accumulation: [μ] StepStats
         with timer("train"):
             steps = _update(run, batch, old_lp, adv, loss_mask, r)
@@ -165,8 +172,8 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
         with timer("eval"):
             ev = _evaluate(run, r) if (cfg.eval.every and r % cfg.eval.every == 0) or r == total else {}
         # 9. log (buffered; sent to MLflow right after the next checkpoint)
-        metrics = {**batch.stats, **ev, **mean_metrics(steps),
-                   **({} if on_policy else old_policy_metrics(old_lp, ent, resp_mask)),
+        metrics = {**batch.stats, **ev, **mean_metrics(steps), **mismatch,
+                   **({} if ent is None else old_policy_metrics(old_lp, ent, resp_mask)),
                    "train/grad_steps": len(steps), **timer.metrics()}
         gen_tok, train_tok = _tokens(batch, resp_mask, cfg)
         metrics.update(_throughput(metrics, gen_tok, train_tok))
@@ -197,6 +204,29 @@ def _rollouts(run: Run, r: int):
         run.log(f"step {r}: prompts generated per engine ({run.engine.tp} rank(s) each): {shares}")
     release_engine(run.engine)
     return batch
+
+
+def _need_rollout_lp(rollout_lp):
+    if rollout_lp is None:
+        raise RuntimeError("algo.old_logprobs=rollout / algo.rollout_correction need the rollout engine's "
+                           "log-probs, and this engine returned none")
+    return rollout_lp
+
+
+def _behaviour(cfg: Config, old_lp, rollout_lp, resp_mask, adv, loss_mask):
+    """Step 5b (dapo.corrections): ``mismatch/*`` of π_old vs π_rollout where both exist (not under bypass,
+    where they are one), and ``algo.rollout_correction``: (advantages [N] or [N, L], loss mask [N, L], metrics)."""
+    rc = cfg.algo.rollout_correction
+    if rc.mode != "off":
+        _need_rollout_lp(rollout_lp)
+    if old_lp is None or rollout_lp is None or cfg.algo.old_logprobs == "rollout":
+        return adv, loss_mask, {}
+    if rc.mode == "off":
+        return adv, loss_mask, corrections.mismatch_metrics(old_lp, rollout_lp, resp_mask)
+    w, keep = corrections.correction(old_lp, rollout_lp, resp_mask, rc.mode, level=rc.level, cap=rc.cap,
+                                     lo=rc.lo, hi=rc.hi)
+    adv, loss_mask = corrections.apply(adv, loss_mask, w, keep)
+    return adv, loss_mask, corrections.mismatch_metrics(old_lp, rollout_lp, resp_mask, w, keep)
 
 
 def _update(run: Run, batch, old_lp, adv, loss_mask, r: int):
@@ -292,6 +322,9 @@ def _start_run(cfg: Config, run_dir: Path, tags: dict[str, str] | None) -> Run:
                                      world=policy.world)
     if state["rollout_step"] > 0 or cfg.rollout.engine == "vllm":
         push_weights(policy, run.engine)
+    if cfg.rollout.top_p < 1:
+        log(f"rollout.top_p = {cfg.rollout.top_p} < 1: the engine's log-probs are renormalised over the nucleus and "
+            f"the trainer's pi_old is not, so mismatch/* include that gap (docs/METRICS.md)")
     return run
 
 

@@ -239,7 +239,9 @@ def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mas
     old = logp.detach() if old_logp is None else old_logp[idx, :l].to(p.device)      # [n, l]
     agg, counts = cfg.algo.loss_agg, dict(num_tokens=num_tokens, num_seqs=num_seqs,   # whole mini-batch
                                           norm_const=cfg.rollout.max_new_tokens)   # C of seq_mean_token_sum_const
-    loss, met = algo.policy_loss(logp, old, advantages[idx].to(p.device), m, eps_low=cfg.algo.clip.eps_low,
+    adv = advantages[idx].to(p.device)                                                # [n] or [n, L] (a correction's Â·w)
+    adv = adv[:, :l] if adv.dim() == 2 else adv
+    loss, met = algo.policy_loss(logp, old, adv, m, eps_low=cfg.algo.clip.eps_low,
                                  eps_high=cfg.algo.clip.eps_high, dual_clip_c=cfg.algo.clip.dual_clip_c,
                                  agg=agg, **counts)
     if cfg.algo.kl.coef > 0 and p.ref_model is not None:

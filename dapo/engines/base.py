@@ -85,6 +85,8 @@ class Completion:
     token_ids: list[int]  # generated tokens; ends with EOS iff finished
     text: str  # token_ids decoded, special tokens (EOS) skipped
     finished: bool  # True = stopped on EOS; False = cut at max_tokens
+    logprobs: list[float] | None = None  # [len(token_ids)] log π_rollout of each token, after temperature (and
+                                         # top_p: renormalised over the kept set); None if the engine gave none
 
 
 @dataclass(frozen=True)

@@ -112,12 +112,15 @@ class HFEngine:
             else nullcontext()
         )
         new_ids: list[list[int]] = []
+        new_lps: list[list[float]] = []
         try:
             with rng:
                 if spec.seed is not None:
                     torch.manual_seed(per_prompt_seeds(spec.seed, 1, salt=self.seed)[0])
                 for start in range(0, len(seqs), bs):
-                    new_ids += self._generate_batch(seqs[start : start + bs], cfg, device)
+                    ids, lps = self._generate_batch(seqs[start : start + bs], cfg, device)
+                    new_ids += ids
+                    new_lps += lps
         finally:
             self.model.train(was_training)
 
@@ -126,13 +129,16 @@ class HFEngine:
         for i in range(len(prompt_token_ids)):
             group = []
             for j in range(spec.n):
-                ids, finished = split_at_eos(new_ids[i * reps + (j if reps > 1 else 0)], eos, spec.max_tokens)
+                r = i * reps + (j if reps > 1 else 0)
+                ids, finished = split_at_eos(new_ids[r], eos, spec.max_tokens)
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                group.append(Completion(token_ids=ids, text=text, finished=finished))
+                group.append(Completion(token_ids=ids, text=text, finished=finished, logprobs=new_lps[r][:len(ids)]))
             out.append(group)
         return out
 
-    def _generate_batch(self, seqs: list[list[int]], cfg, device) -> list[list[int]]:
+    def _generate_batch(self, seqs: list[list[int]], cfg, device) -> tuple[list[list[int]], list[list[float]]]:
+        """(generated ids, each token's log-prob under the processed scores: after temperature and
+        top_p, i.e. the distribution sampled from) of one left-padded batch."""
         width = max(len(s) for s in seqs)
         input_ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -140,9 +146,13 @@ class HFEngine:
             input_ids[r, width - len(s) :] = torch.tensor(s, dtype=torch.long)
             attn[r, width - len(s) :] = 1
         out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attn.to(device), generation_config=cfg
+            input_ids=input_ids.to(device), attention_mask=attn.to(device), generation_config=cfg,
+            output_scores=True, return_dict_in_generate=True,
         )
-        return out[:, width:].tolist()  # padded after EOS; split_at_eos cuts it
+        new = out.sequences[:, width:]                                                  # [b, T]
+        lps = torch.stack([torch.log_softmax(sc.float(), dim=-1).gather(-1, new[:, t:t + 1])[:, 0]
+                           for t, sc in enumerate(out.scores)], dim=1) if out.scores else new.float()[:, :0]
+        return new.tolist(), lps.cpu().tolist()  # padded after EOS; split_at_eos cuts it
 
     # ------------------------------------------------------------------ weights
 

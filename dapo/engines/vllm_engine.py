@@ -63,6 +63,14 @@ __all__ = ["VLLMEngine", "prepare_vllm_env"]
 DEFAULT_CPU_KVCACHE_GIB = 2
 
 
+def _sampled_logprobs(c) -> list[float] | None:
+    """Each generated token's own log-prob from a vLLM ``CompletionOutput`` (requested with
+    ``logprobs=0``: one entry per token, holding at least the sampled token); None if absent."""
+    if c.logprobs is None or len(c.logprobs) < len(c.token_ids):
+        return None
+    return [float(step[tok].logprob) for step, tok in zip(c.logprobs, c.token_ids)]
+
+
 def _usable_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -127,7 +135,10 @@ class VLLMEngine:
         self.dtype = dtype
         self.seed = seed
         self.per_request_seeds = per_request_seeds
-        kw: dict[str, Any] = dict(model=self.model_path, dtype=dtype, seed=seed, enforce_eager=True)
+        # processed log-probs: of the distribution actually sampled (after temperature / top_p), which is
+        # what the mismatch rho = pi_old / pi_rollout needs (raw ones at T != 1 give ratios far from 1)
+        kw: dict[str, Any] = dict(model=self.model_path, dtype=dtype, seed=seed, enforce_eager=True,
+                                  logprobs_mode="processed_logprobs")
         if max_model_len is not None:
             kw["max_model_len"] = max_model_len
         if tensor_parallel_size != 1 or external_launcher:
@@ -192,6 +203,7 @@ class VLLMEngine:
             max_tokens=spec.max_tokens,
             stop_token_ids=self.eos_ids,
             detokenize=False,  # generate() decodes the ids itself, in one batch
+            logprobs=0,        # the sampled token's own log-prob only (same samples as without)
         )
         if seeds is not None:
             if len(seeds) != num_prompts:
@@ -216,6 +228,7 @@ class VLLMEngine:
         eos = set(self.eos_ids)
         ids_flat: list[list[int]] = []
         finished_flat: list[bool] = []
+        lps_flat: list[list[float] | None] = []
         for req in outputs:
             samples = sorted(req.outputs, key=lambda c: c.index)
             if spec.greedy:  # one greedy decode per prompt, copied n times
@@ -226,13 +239,16 @@ class VLLMEngine:
                     raise RuntimeError(  # contract: a finished completion ends with EOS
                         f"VLLMEngine: completion stopped without an EOS token ({c.stop_reason!r})"
                     )
+                lps = _sampled_logprobs(c)
                 ids, finished = split_at_eos(ids, eos, spec.max_tokens)
                 ids_flat.append(ids)
                 finished_flat.append(finished)
+                lps_flat.append(lps[:len(ids)] if lps is not None else None)
         # Decoded here (not by vLLM's incremental detokenizer) so text == the HF engine's
         # for the same ids, invalid UTF-8 byte runs included.
         texts = self.tokenizer.batch_decode(ids_flat, skip_special_tokens=True)
-        flat = [Completion(token_ids=i, text=t, finished=f) for i, t, f in zip(ids_flat, texts, finished_flat)]
+        flat = [Completion(token_ids=i, text=t, finished=f, logprobs=lp)
+                for i, t, f, lp in zip(ids_flat, texts, finished_flat, lps_flat)]
         return [flat[k * spec.n : (k + 1) * spec.n] for k in range(len(prompt_token_ids))]
 
     # ------------------------------------------------------------------ weights
