@@ -124,10 +124,10 @@ class DynamicSamplingConfig:
 
 @dataclass(frozen=True)
 class RolloutCorrectionConfig:
-    mode: Literal["off", "tis", "mis", "icepop", "geo_rs"] = doc(
-        "correct the rollout-training mismatch rho = pi_old/pi_rollout (dapo.corrections): off, tis (truncated "
+    mode: Literal["none", "tis", "mis", "icepop", "geo_rs"] = doc(
+        "correct the rollout-training mismatch rho = pi_old/pi_rollout (dapo.corrections): none, tis (truncated "
         "IS weight min(rho, cap)), mis (IS weight, rejected outside [lo, hi]), icepop (token band [lo, hi]), "
-        "geo_rs (reject sequences whose geometric-mean rho is outside [lo, hi])", "off")
+        "geo_rs (reject sequences whose geometric-mean rho is outside [lo, hi]); none rather than off, which YAML reads as false", "none")
     level: Literal["token", "sequence"] = doc("tis/mis: per token, or one weight per sequence (the product of rho)",
                                               "token")
     cap: float = doc("tis: the weight ceiling C", 2.0)
@@ -377,7 +377,7 @@ def _check_ranges(cfg: Config, where: str) -> None:
     need(rc.cap >= 1, "algo.rollout_correction.cap", rc.cap, "must be >= 1")
     need(0 <= rc.lo <= 1, "algo.rollout_correction.lo", rc.lo, "must be in [0, 1]")
     need(rc.hi >= 1, "algo.rollout_correction.hi", rc.hi, "must be >= 1")
-    need(rc.mode == "off" or a.old_logprobs == "trainer", "algo.rollout_correction.mode", rc.mode,
+    need(rc.mode == "none" or a.old_logprobs == "trainer", "algo.rollout_correction.mode", rc.mode,
          "needs algo.old_logprobs=trainer (with bypass pi_old is pi_rollout: rho = 1, nothing to correct)")
     ds = a.dynamic_sampling
     need(ds.max_gen_rounds >= 1, "algo.dynamic_sampling.max_gen_rounds", ds.max_gen_rounds, "must be >= 1")
@@ -635,7 +635,7 @@ UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep
 # Keys added after runs existed that do change the numbers: hashed only when they differ from the value
 # below (the behaviour before they existed), so every older run id stays valid.
 HASHED_WHEN_NOT = {"data.train_skip": 0, "train.max_tokens_per_micro_batch": None, "algo.old_logprobs": "trainer",
-                   "algo.rollout_correction": {"mode": "off", "level": "token", "cap": 2.0, "lo": 0.5, "hi": 2.0}}
+                   "algo.rollout_correction": {"mode": "none", "level": "token", "cap": 2.0, "lo": 0.5, "hi": 2.0}}
 
 
 _NAMING = ("logging", "output_dir", "name")   # config_hash's default exclude: where a run is named and logged

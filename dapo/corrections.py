@@ -81,7 +81,7 @@ def _geo_rs(log_rho: Tensor, mask: Tensor, level: str, cap: float, lo: float, hi
 
 CORRECTIONS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "tis": _tis, "mis": _mis, "icepop": _icepop, "geo_rs": _geo_rs}
-"""``algo.rollout_correction.mode`` → its function (``off``: no function, nothing changes)."""
+"""``algo.rollout_correction.mode`` → its function (``none``: no function, nothing changes)."""
 
 
 @torch.no_grad()
@@ -91,7 +91,7 @@ def correction(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, mode: str, 
 
     old_logp, rollout_logp, mask: [N, L]. Masked-out tokens get weight 0 and keep 0."""
     if mode not in CORRECTIONS:
-        raise ValueError(f"unknown rollout correction {mode!r}; valid: {['off', *CORRECTIONS]}")
+        raise ValueError(f"unknown rollout correction {mode!r}; valid: {['none', *CORRECTIONS]}")
     mask = mask.float()
     return CORRECTIONS[mode](_log_rho(old_logp.float(), rollout_logp.float(), mask), mask, level, cap, lo, hi)
 

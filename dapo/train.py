@@ -149,7 +149,7 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
         #    (bypass: π_old := π_rollout, no pass) and the loss mask [N, L]
         with timer("old_logprob"):
             rollout_lp = rollout_logprobs(batch)                                      # [N, L] log π_rollout
-            on_policy = single_step_on_policy(cfg, batch.num_groups) and cfg.algo.rollout_correction.mode == "off"
+            on_policy = single_step_on_policy(cfg, batch.num_groups) and cfg.algo.rollout_correction.mode == "none"
             if cfg.algo.old_logprobs == "rollout":
                 old_lp, ent, resp_mask = _need_rollout_lp(rollout_lp), None, response_mask(batch)
             else:
@@ -217,11 +217,11 @@ def _behaviour(cfg: Config, old_lp, rollout_lp, resp_mask, adv, loss_mask):
     """Step 5b (dapo.corrections): ``mismatch/*`` of π_old vs π_rollout where both exist (not under bypass,
     where they are one), and ``algo.rollout_correction``: (advantages [N] or [N, L], loss mask [N, L], metrics)."""
     rc = cfg.algo.rollout_correction
-    if rc.mode != "off":
+    if rc.mode != "none":
         _need_rollout_lp(rollout_lp)
     if old_lp is None or rollout_lp is None or cfg.algo.old_logprobs == "rollout":
         return adv, loss_mask, {}
-    if rc.mode == "off":
+    if rc.mode == "none":
         return adv, loss_mask, corrections.mismatch_metrics(old_lp, rollout_lp, resp_mask)
     w, keep = corrections.correction(old_lp, rollout_lp, resp_mask, rc.mode, level=rc.level, cap=rc.cap,
                                      lo=rc.lo, hi=rc.hi)
