@@ -193,3 +193,80 @@ def test_smollm2_vllm_matches_hf_and_syncs():
         assert ids(v.generate(prompts, greedy)) == trained
     finally:
         v.close()
+
+
+# --------------------------------------------------------------------------- concurrent cache builds
+_RACE_WORKER = """
+import hashlib, os, sys, time
+from pathlib import Path
+from dapo.models import publish_dir, resolve_model
+cache, me = Path(sys.argv[1]), sys.argv[2]
+(cache.parent / f"ready-{me}").touch()
+deadline = time.time() + 60
+while not all((cache.parent / f"ready-{w}").exists() for w in ("a", "b")):   # start together
+    assert time.time() < deadline, "the other worker never started"
+    time.sleep(0.01)
+
+def build(tmp):
+    (tmp / "config.json").write_text("{}")
+    time.sleep(1.0)                                    # a slow build: the other one arrives meanwhile
+    (tmp / "model.safetensors").write_text(me)
+    with open(cache.parent / "builds.log", "a") as f:
+        f.write(me + "\\n")
+
+entry = publish_dir(cache / "entry", build, replace=False)
+p = resolve_model("tiny-3m", cache)
+print(entry, (entry / "model.safetensors").read_text(), p,
+      hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest())
+"""
+
+
+def test_two_processes_building_one_cache_entry_build_it_once(tmp_path):
+    """Two processes (as two ranks of `torchrun`) build the same entries into an empty cache at once:
+    one builds, the other waits for it; both get the same complete directory, and no lock or temp
+    file is left beside it."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE_WORKER, str(cache), w], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for w in ("a", "b")]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    assert len((tmp_path / "builds.log").read_text().split()) == 1      # built once
+    first, second = (o.split() for o, _ in outs)
+    assert first == second                                              # the same entry, the same weights
+    assert first[2] == str(cache / "tiny-3m")
+    assert models.is_complete(cache / "entry") and models.is_complete(cache / "tiny-3m")
+    assert sorted(x.name for x in cache.iterdir()) == ["entry", "tiny-3m"]   # no lock files, no temp dirs
+
+
+def test_half_made_cache_entry_is_rebuilt(tmp_path):
+    """A cache entry left half-made (only the tokenizer files, no config or weights) is rebuilt
+    rather than read, or refused, forever; a complete one published before the marker existed is kept."""
+    half = tmp_path / "tiny-3m"
+    half.mkdir()
+    build_char_tokenizer().save_pretrained(half)
+    p = resolve_model("tiny-3m", tmp_path)
+    assert p == half and (p / "config.json").is_file() and (p / models.COMPLETE_MARKER).is_file()
+    assert load_model(p).config.hidden_size == TINY_PRESETS["tiny-3m"]["hidden_size"]
+    (p / models.COMPLETE_MARKER).unlink()          # as published before the marker: config + weights
+    stamp = (p / "model.safetensors").stat().st_mtime_ns
+    assert resolve_model("tiny-3m", tmp_path) == p and (p / "model.safetensors").stat().st_mtime_ns == stamp
+    assert not [x for x in tmp_path.iterdir() if x.name.startswith(".")]
+
+
+def test_cache_lock_times_out_with_one_clear_message(tmp_path):
+    with models.build_lock(tmp_path / "entry"):
+        import subprocess
+        import sys
+        code = ("from dapo.models import build_lock\n"
+                f"with build_lock({str(tmp_path / 'entry')!r}, timeout_s=0.5): pass")
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    last = p.stderr.strip().splitlines()[-1]
+    assert "CacheBusyError" in last and f"pid {os.getpid()}" in last and "lock" in last, p.stderr[-2000:]
+    assert "waiting for pid" in p.stderr
+    assert not models.lock_path(tmp_path / "entry").exists()
