@@ -138,7 +138,13 @@ def train_main(argv: list[str], train_fn=None) -> int:
     if train_fn is None:
         import importlib
         train_fn = importlib.import_module(COMMANDS["train"][0]).train
-    summary = train_fn(cfg, run_dir)
+    from dapo.distributed import CudaUnavailableError
+    from dapo.models import CacheBusyError
+    try:
+        summary = train_fn(cfg, run_dir)
+    except (CudaUnavailableError, CacheBusyError) as exc:   # the machine, not the input: one line, status 1
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if main_rank and isinstance(summary, dict) and summary.get("mlflow_uri"):
         print(f"[dapo] browse the run: {mlflow_ui_command(summary['mlflow_uri'])}", flush=True)
     return 0

@@ -48,6 +48,7 @@ __all__ = ["RunJob", "accelerate_command", "train_command", "sbatch_parameters",
 SLURM_ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
                 "SUSPENDED", "RESIZING", "STAGE_OUT", "SIGNALING"}
 LOG_TAIL = 20
+EXPECT_CUDA_ENV = "DAPO_EXPECT_CUDA"   # dapo.distributed.EXPECT_CUDA_ENV (that module imports torch)
 UNKNOWN_AFTER_S = 600   # a job sacct still does not know this long after submission is gone
 
 
@@ -146,12 +147,13 @@ class RunJob(submitit.helpers.Checkpointable):
     """One training run as a submitit job; requeued on preemption / time limit, bounded."""
 
     def __init__(self, config: dict, run_dir: str, *, max_requeues: int, python: str | None = None,
-                 accelerate_config: str | None = None):
+                 accelerate_config: str | None = None, gpus_per_node: int = 0):
         self.config = config            # the resolved config as a plain dict (pickled to the job)
         self.run_dir = run_dir
         self.max_requeues = max_requeues
         self.python = python
         self.accelerate_config = accelerate_config   # launch.accelerate_config, absolute (Job.accelerate_config)
+        self.gpus_per_node = gpus_per_node           # resources.gpus_per_node: the job must find CUDA
 
     def __call__(self) -> dict | None:
         run_dir = Path(self.run_dir)
@@ -160,6 +162,8 @@ class RunJob(submitit.helpers.Checkpointable):
             return finished_summary(run_dir)
         cfg = build_config(self.config, f"{run_dir}/job config")
         env = submitit.JobEnvironment()
+        if getattr(self, "gpus_per_node", 0):   # no CUDA then is an error, not a CPU run (dapo.distributed.check_cuda)
+            os.environ.setdefault(EXPECT_CUDA_ENV, "1")   # (a profile's env may say 0)
         world = cfg.launch.num_nodes * cfg.launch.num_processes
         if env.global_rank == 0:
             _write_json(run_dir / "job.json", {"job_id": env.job_id, "host": env.hostname,
@@ -516,7 +520,8 @@ def _make_job(spec: Spec, job: Job, profile: ClusterProfile) -> RunJob:
     if profile.tracking_uri and not config["logging"].get("tracking_uri"):   # the cluster's server
         config["logging"]["tracking_uri"] = profile.tracking_uri
     return RunJob(config, str(job.run_dir), max_requeues=spec.max_requeues, python=profile.python,
-                  accelerate_config=str(job.accelerate_config) if job.accelerate_config else None)
+                  accelerate_config=str(job.accelerate_config) if job.accelerate_config else None,
+                  gpus_per_node=spec.resources.gpus_per_node)
 
 
 def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "runs", *, dry_run: bool = False,
