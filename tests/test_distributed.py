@@ -387,3 +387,17 @@ def test_the_launcher_tells_a_gpu_jobs_processes_to_expect_cuda(tmp_path, monkey
                     train_fn=lambda cfg, run_dir: distributed.init_distributed(5))
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(err) == 1 and err[0].startswith("error: this job expects GPUs (DAPO_EXPECT_CUDA=1)"), err
+
+
+@pytest.mark.slow
+def test_readme_torchrun_command_from_an_empty_model_cache(tmp_path):
+    """The README's multi-process `dapo train`, as a new user runs it: both ranks find the preset
+    missing from an empty cache; one builds it, the other waits; the run finishes."""
+    cache = tmp_path / "cache"
+    p = _ok(_torchrun(2, ["-m", "dapo.cli", "train", "experiments/tiny-random-smoke.yaml", "launch.num_processes=2",
+                          "launch.fsdp=true", "train.rollout_steps=2", f"output_dir={tmp_path / 'out'}",
+                          f"launch.pg_timeout_s={PG_TIMEOUT_S}", "logging.progress=false"],
+                      env={"DAPO_LAB_CACHE": str(cache)}, timeout=600))
+    assert "step 2/2" in p.stdout and "done:" in p.stdout
+    assert sorted(x.name for x in cache.iterdir()) == ["tiny-3m"]        # complete; no lock or temp left
+    assert (cache / "tiny-3m" / ".dapo-complete").is_file()
