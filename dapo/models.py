@@ -316,7 +316,8 @@ def publish_dir(out_dir: str | os.PathLike, build: Callable[[Path], Any], *, rep
     """Build a directory into a temporary sibling, then rename it onto ``out_dir``: readers never
     see a half-written one, and a build that fails leaves nothing behind.
 
-    ``build(tmp)`` writes the files; :data:`COMPLETE_MARKER` is added last. The build runs under
+    ``build(tmp)`` writes a model's files (a build that leaves no ``config.json`` and weights is
+    an error, and nothing is published); :data:`COMPLETE_MARKER` is added last. The build runs under
     :func:`build_lock`, so processes building the same ``out_dir`` at once build it once.
     ``replace=True``: an existing ``out_dir`` is replaced. ``replace=False``: a complete model
     directory (:func:`is_complete`) is returned without building (also when another process
@@ -332,6 +333,9 @@ def publish_dir(out_dir: str | os.PathLike, build: Callable[[Path], Any], *, rep
         tmp.chmod(0o755)  # mkdtemp makes it 0700; the published directory is shared
         try:
             build(tmp)
+            if not is_complete(tmp):
+                raise RuntimeError(f"{out_dir}: the build wrote no model (config.json and weights) into {tmp}; "
+                                   f"nothing was published")
             (tmp / COMPLETE_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
             if replace or not is_complete(out_dir):   # (a builder that takes no lock may have won)
                 _swap_in(tmp, out_dir)
@@ -352,8 +356,16 @@ def _swap_in(tmp: Path, out_dir: Path) -> None:
 
 
 def save_pretrained(model, tokenizer, out_dir: Path) -> None:
-    """The model (safetensors) and its tokenizer into ``out_dir``, as HF directories hold them."""
-    model.save_pretrained(out_dir, safe_serialization=True)
+    """The model (safetensors) and its tokenizer into ``out_dir``, as HF directories hold them.
+
+    Written by the calling process whatever its rank: once a process group exists, transformers
+    writes a model only on rank 0 (and silently nothing elsewhere), but any rank may hold a cache
+    entry's lock and build it (rank 1 then published a directory of tokenizer files only)."""
+    model.should_save_on_this_rank = lambda is_main_process: is_main_process
+    try:
+        model.save_pretrained(out_dir, safe_serialization=True)
+    finally:
+        del model.should_save_on_this_rank
     tokenizer.save_pretrained(out_dir)
 
 

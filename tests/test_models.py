@@ -270,3 +270,19 @@ def test_cache_lock_times_out_with_one_clear_message(tmp_path):
     assert "CacheBusyError" in last and f"pid {os.getpid()}" in last and "lock" in last, p.stderr[-2000:]
     assert "waiting for pid" in p.stderr
     assert not models.lock_path(tmp_path / "entry").exists()
+
+
+def test_a_rank_other_than_0_builds_a_complete_cache_entry(tmp_path, monkeypatch):
+    """Under a process group, transformers writes a model only on rank 0; the rank that holds a cache
+    entry's lock may be rank 1 (`torchrun`, `accelerate launch`): it still writes the whole model.
+    A build that writes no model publishes nothing."""
+    from transformers import PreTrainedModel
+    g = PreTrainedModel.should_save_on_this_rank.__globals__        # rank 1 of an initialised group
+    monkeypatch.setitem(g, "_is_torch_distributed_initialized", lambda: True)
+    monkeypatch.setitem(g, "_get_torch_distributed_rank", lambda: 1)
+    p = resolve_model("tiny-3m", tmp_path)
+    assert (p / "config.json").is_file() and (p / "model.safetensors").is_file()
+    assert load_model(p).config.hidden_size == TINY_PRESETS["tiny-3m"]["hidden_size"]
+    with pytest.raises(RuntimeError, match="wrote no model"):
+        models.publish_dir(tmp_path / "tok-only", lambda tmp: build_char_tokenizer().save_pretrained(tmp))
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["tiny-3m"]
