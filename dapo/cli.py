@@ -103,6 +103,19 @@ def mlflow_ui_command(uri: str) -> str:
     return f"mlflow ui --backend-store-uri {shlex.quote(uri)}"
 
 
+def _check_world(cfg) -> None:
+    """The launcher started as many processes as the config says (``launch.num_nodes`` ×
+    ``launch.num_processes``): e.g. ``accelerate launch --num_processes 2`` on a machine without GPUs
+    and without ``--multi_cpu`` starts one, which would otherwise train alone, unsharded."""
+    from dapo.config import ConfigError
+    want = cfg.launch.num_nodes * cfg.launch.num_processes
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world != want:
+        raise ConfigError(f"launch.num_nodes x launch.num_processes = {want}, but the launcher started {world} "
+                          f"process(es) (WORLD_SIZE={world}): start {want} (e.g. python -m torch.distributed.run "
+                          f"--nproc_per_node {want} -m dapo.cli train ...) or set launch.num_processes={world}")
+
+
 def train_main(argv: list[str], train_fn=None) -> int:
     """``dapo train``: every input is checked (config, data, model, eval sets) before the run
     directory exists; one line and exit status 2 for each problem. A finished run exits at once.
@@ -122,6 +135,7 @@ def train_main(argv: list[str], train_fn=None) -> int:
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
             return 0
         check_run(cfg, a.experiment)
+        _check_world(cfg)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -401,3 +401,15 @@ def test_readme_torchrun_command_from_an_empty_model_cache(tmp_path):
     assert "step 2/2" in p.stdout and "done:" in p.stdout
     assert sorted(x.name for x in cache.iterdir()) == ["tiny-3m"]        # complete; no lock or temp left
     assert (cache / "tiny-3m" / ".dapo-complete").is_file()
+
+
+def test_train_started_as_fewer_processes_than_the_config_says_is_one_error(tmp_path, monkeypatch, capsys):
+    """`accelerate launch --num_processes 2` without GPUs (and without --multi_cpu) starts one process:
+    `dapo train` says so instead of training alone, unsharded."""
+    from dapo.cli import train_main
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    rc = train_main([str(REPO / "experiments" / "tiny-random-smoke.yaml"), "launch.num_processes=2",
+                     f"output_dir={tmp_path}"], train_fn=lambda cfg, run_dir: pytest.fail("trained"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "the launcher started 1 process(es)" in err[0], err
+    assert "--nproc_per_node 2" in err[0] and not (tmp_path / "runs").exists()
