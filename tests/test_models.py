@@ -126,7 +126,8 @@ def test_resolve_model(tmp_path, tiny_dir):
     assert "tiny-3m" in str(e.value) and "smollm2-135m-instruct" in str(e.value)
     with pytest.raises(ValueError, match="allow_hub"):
         resolve_model("Qwen/Qwen2.5-0.5B", tmp_path)
-    assert resolve_model("Qwen/Qwen2.5-0.5B", tmp_path, allow_hub=True) == "Qwen/Qwen2.5-0.5B"
+    with pytest.raises(ValueError, match="hub model 'Qwen/Qwen2.5-0.5B': no local snapshot"):
+        resolve_model("Qwen/Qwen2.5-0.5B", tmp_path, allow_hub=True)     # offline, not cached
     assert set(TINY_PRESETS) == {"tiny-3m", "tiny-25m"}
 
 
@@ -286,3 +287,20 @@ def test_a_rank_other_than_0_builds_a_complete_cache_entry(tmp_path, monkeypatch
     with pytest.raises(RuntimeError, match="wrote no model"):
         models.publish_dir(tmp_path / "tok-only", lambda tmp: build_char_tokenizer().save_pretrained(tmp))
     assert sorted(x.name for x in tmp_path.iterdir()) == ["tiny-3m"]
+
+
+def test_a_hub_id_resolves_to_its_local_snapshot_for_trainer_and_engine(tmp_path, monkeypatch):
+    """A hub id becomes its snapshot directory in the Hugging Face cache, once, so the trainer and the
+    engine read the same files: the EOS ids in its generation_config.json, its weight names."""
+    import huggingface_hub.constants as hub
+    from dapo.base_model import resolve_policy_path
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snap = repo / "snapshots" / ("a" * 40)
+    build_tiny_qwen2(snap, num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    p = resolve_policy_path("org/tiny")
+    assert p == snap and (p / "generation_config.json").is_file() and (p / "model.safetensors").is_file()
+    assert load_tokenizer(p).eos_token == EOS_TOKEN
