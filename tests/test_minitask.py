@@ -350,6 +350,7 @@ def test_half_made_cached_base_model_is_rebuilt_under_the_lock(tmp_path, monkeyp
     def fake_train_into(tmp, tok, recipe, h, start, *, progress):
         assert models.lock_path(out).is_file()            # built while holding the lock
         (tmp / "config.json").write_text("{}")
+        (tmp / "model.safetensors").write_bytes(b"")
         rec = {"recipe_hash": h, "recipe": recipe.to_dict()}
         (tmp / base_model.RECORD_NAME).write_text(json.dumps(rec))
         return rec
