@@ -448,16 +448,34 @@ def build_base_model(
     recipe = Recipe(**recipe_kw)
     h = recipe_hash(recipe)
     out = Path(out_dir).expanduser() if out_dir is not None else default_out_dir(recipe)
-    old = _read_record(out)
-    if old is not None and old.get("recipe_hash") == h and not force:
-        old["reused"] = True
-        old["model_path"] = str(out)
+    if not force and (old := _reused(out, h)) is not None:
         return old
-    if out.exists() and any(out.iterdir()) and not (
-        (out / RECORD_NAME).exists() or (out / "config.json").exists()
-    ):
-        raise FileExistsError(f"{out} exists and is not a base model directory; refusing to replace it")
+    from dapo.models import build_lock
 
+    with build_lock(out):   # ranks or jobs building the same base model at once: one trains, the others wait
+        if not force and (old := _reused(out, h)) is not None:
+            return old
+        if out_dir is not None and out.exists() and any(out.iterdir()) and not (
+            (out / RECORD_NAME).exists() or (out / "config.json").exists()
+        ):
+            raise FileExistsError(f"{out} exists and is not a base model directory; refusing to replace it")
+        record = _build(out, recipe, h, threads=threads, progress=progress)
+    record["reused"] = False
+    record["model_path"] = str(out)
+    return record
+
+
+def _reused(out: Path, h: str) -> dict[str, Any] | None:
+    """The record of the base model already built into ``out`` from recipe hash ``h``, else None
+    (a half-made cache entry has no record: it is rebuilt)."""
+    old = _read_record(out)
+    if old is None or old.get("recipe_hash") != h:
+        return None
+    return {**old, "reused": True, "model_path": str(out)}
+
+
+def _build(out: Path, recipe: Recipe, h: str, *, threads: int | None, progress: bool) -> dict[str, Any]:
+    """Train the base model of ``recipe`` and publish it atomically into ``out``; its record."""
     import torch
 
     from dapo.models import build_char_tokenizer, publish_dir
@@ -471,8 +489,6 @@ def build_base_model(
         publish_dir(out, lambda tmp: record.update(_train_into(tmp, tok, recipe, h, start, progress=progress)))
     finally:
         torch.set_num_threads(prev_threads)
-    record["reused"] = False
-    record["model_path"] = str(out)
     return record
 
 

@@ -110,6 +110,19 @@ def mlflow_ui_command(uri: str) -> str:
     return f"mlflow ui --backend-store-uri {shlex.quote(uri)}"
 
 
+def _check_world(cfg) -> None:
+    """The launcher started as many processes as the config says (``launch.num_nodes`` ×
+    ``launch.num_processes``): e.g. ``accelerate launch --num_processes 2`` on a machine without GPUs
+    and without ``--multi_cpu`` starts one, which would otherwise train alone, unsharded."""
+    from dapo.config import ConfigError
+    want = cfg.launch.num_nodes * cfg.launch.num_processes
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world != want:
+        raise ConfigError(f"launch.num_nodes x launch.num_processes = {want}, but the launcher started {world} "
+                          f"process(es) (WORLD_SIZE={world}): start {want} (e.g. python -m torch.distributed.run "
+                          f"--nproc_per_node {want} -m dapo.cli train ...) or set launch.num_processes={world}")
+
+
 def train_main(argv: list[str], train_fn=None) -> int:
     """``dapo train``: every input is checked (config, data, model, eval sets) before the run
     directory exists; one line and exit status 2 for each problem. A finished run exits at once.
@@ -133,6 +146,7 @@ def train_main(argv: list[str], train_fn=None) -> int:
             print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
             return 0
         check_run(cfg, a.experiment)
+        _check_world(cfg)
         run_dir = Path(a.run_dir) if a.run_dir else Path(cfg.output_dir) / "runs" / f"{cfg.name}-{config_hash(cfg)}"
         if main_rank:
             check_run_dir(cfg, run_dir, allow_resource_change=a.allow_resource_change)
@@ -145,6 +159,8 @@ def train_main(argv: list[str], train_fn=None) -> int:
             print(f"already finished: {run_dir}" + (f"\n  browse: {mlflow_ui_command(done['mlflow_uri'])}"
                                                     if isinstance(done.get("mlflow_uri"), str) else ""))
         return 0
+    from dapo.distributed import CudaUnavailableError
+    from dapo.models import CacheBusyError
     try:
         with hold_run_dir(run_dir, enabled=main_rank):   # train() finds it held (re-entrant)
             from dapo.logs import route_engine_logs
@@ -156,6 +172,9 @@ def train_main(argv: list[str], train_fn=None) -> int:
     except RunDirBusy as exc:   # raised on entry only: another process trains into this run dir
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (CudaUnavailableError, CacheBusyError) as exc:   # the machine, not the input: one line, status 1
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if main_rank and isinstance(summary, dict) and summary.get("mlflow_uri"):
         print(f"[dapo] browse the run: {mlflow_ui_command(summary['mlflow_uri'])}", flush=True)
     return 0

@@ -208,7 +208,8 @@ class LaunchConfig:
     num_nodes: int = doc("nodes", 1)
     mixed_precision: Literal["no", "bf16"] = doc("accelerate mixed precision on GPUs", "no")
     fsdp: bool = doc("shard the policy with FSDP (multi-GPU)", False)
-    accelerate_config: Optional[str] = doc("path to an accelerate YAML (e.g. slurm/accelerate-fsdp.yaml)", None)
+    accelerate_config: Optional[str] = doc("path to an accelerate YAML (e.g. slurm/accelerate-fsdp.yaml); relative: to "
+                                           "the experiment's folder, the spec's, the cwd, then the repo", None)
     pg_timeout_s: int = doc("process-group timeout in seconds: a collective waiting longer fails the run", 600)
 
 

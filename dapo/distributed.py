@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["DistInfo", "init_distributed", "destroy_distributed", "launcher_world_size",
+__all__ = ["DistInfo", "init_distributed", "CudaUnavailableError", "EXPECT_CUDA_ENV", "cuda_expected", "check_cuda", "destroy_distributed", "launcher_world_size",
            "all_gather_object", "broadcast_object", "barrier", "all_reduce_sum", "pad_to_busiest",
            "is_sharded", "shard_causal_lm", "final_state_dict", "load_sharded_causal_lm", "clip_grad_norm",
            "full_tensor", "split_for_rank"]
@@ -56,18 +56,60 @@ def launcher_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
+#: Set to 1 by the launcher for a job whose resources ask for GPUs (0: run on CPU whatever Slurm gave).
+EXPECT_CUDA_ENV = "DAPO_EXPECT_CUDA"
+
+
+class CudaUnavailableError(RuntimeError):
+    """A job that should run on GPUs found no usable CUDA."""
+
+
+def cuda_expected() -> str | None:
+    """Why this process should find CUDA (``DAPO_EXPECT_CUDA=1``, or Slurm's ``SLURM_GPUS_ON_NODE`` > 0),
+    or None when nothing says so or ``DAPO_EXPECT_CUDA=0``."""
+    flag = os.environ.get(EXPECT_CUDA_ENV, "").strip()
+    if flag:
+        return None if flag == "0" else f"{EXPECT_CUDA_ENV}={flag}"
+    gpus = os.environ.get("SLURM_GPUS_ON_NODE", "").strip()
+    return f"SLURM_GPUS_ON_NODE={gpus}" if gpus.isdigit() and int(gpus) > 0 else None
+
+
+def check_cuda() -> bool:
+    """Whether CUDA is usable; a process that should have it (:func:`cuda_expected`) and has not
+    raises :class:`CudaUnavailableError` naming the likely causes, instead of quietly running as a
+    gloo/CPU job (vLLM's CPU path, hours slower) that fails much later."""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:   # e.g. "The NVIDIA driver on your system is too old"
+        warnings.simplefilter("always")
+        ok = torch.cuda.is_available()
+    why = cuda_expected()
+    if ok or why is None:
+        return ok
+    said = "; ".join(str(w.message).strip().replace("\n", " ") for w in caught)[:400]
+    wheel = (f"torch {torch.__version__} is a CPU-only build" if torch.version.cuda is None
+             else f"torch {torch.__version__} needs CUDA {torch.version.cuda}")
+    raise CudaUnavailableError(
+        f"this job expects GPUs ({why}) but CUDA did not initialise ({wheel}; "
+        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r}"
+        + (f"; torch said: {said}" if said else "") + "). Likely causes: the NVIDIA driver is older than the "
+        "wheels need (compare nvidia-smi's 'CUDA Version'), CUDA_VISIBLE_DEVICES is empty, a CPU-only torch in "
+        "this Python, or a module environment whose LD_LIBRARY_PATH shadows the CUDA libraries the pip wheels "
+        f"bring (they need no `module load cuda`). To run on CPU anyway, set {EXPECT_CUDA_ENV}=0")
+
+
 def init_distributed(timeout_s: float = 600.0) -> DistInfo:
     """Create the default process group from the launcher's environment (idempotent).
 
     Backend: NCCL for CUDA tensors plus gloo for CPU tensors (objects, counters) on a GPU
     machine; gloo alone on CPU. ``timeout_s`` bounds every collective (launch.pg_timeout_s).
+    A job that should have GPUs and finds no CUDA fails here (:func:`check_cuda`).
     """
     import torch.distributed as dist
 
     world = launcher_world_size()
     rank = int(os.environ.get("RANK", "0") or 0)
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)) or 0)
-    cuda = torch.cuda.is_available()
+    cuda = check_cuda()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)

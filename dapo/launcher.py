@@ -48,6 +48,7 @@ __all__ = ["RunJob", "accelerate_command", "train_command", "sbatch_parameters",
 SLURM_ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
                 "SUSPENDED", "RESIZING", "STAGE_OUT", "SIGNALING"}
 LOG_TAIL = 20
+EXPECT_CUDA_ENV = "DAPO_EXPECT_CUDA"   # dapo.distributed.EXPECT_CUDA_ENV (that module imports torch)
 UNKNOWN_AFTER_S = 600   # a job sacct still does not know this long after submission is gone
 
 
@@ -147,11 +148,14 @@ def _python(profile: ClusterProfile) -> str:
 class RunJob(submitit.helpers.Checkpointable):
     """One training run as a submitit job; requeued on preemption / time limit, bounded."""
 
-    def __init__(self, config: dict, run_dir: str, *, max_requeues: int, python: str | None = None):
+    def __init__(self, config: dict, run_dir: str, *, max_requeues: int, python: str | None = None,
+                 accelerate_config: str | None = None, gpus_per_node: int = 0):
         self.config = config            # the resolved config as a plain dict (pickled to the job)
         self.run_dir = run_dir
         self.max_requeues = max_requeues
         self.python = python
+        self.accelerate_config = accelerate_config   # launch.accelerate_config, absolute (Job.accelerate_config)
+        self.gpus_per_node = gpus_per_node           # resources.gpus_per_node: the job must find CUDA
 
     def __call__(self) -> dict | None:
         run_dir = Path(self.run_dir)
@@ -160,6 +164,8 @@ class RunJob(submitit.helpers.Checkpointable):
             return finished_summary(run_dir)
         cfg = build_config(self.config, f"{run_dir}/job config")
         env = submitit.JobEnvironment()
+        if getattr(self, "gpus_per_node", 0):   # no CUDA then is an error, not a CPU run (dapo.distributed.check_cuda)
+            os.environ.setdefault(EXPECT_CUDA_ENV, "1")   # (a profile's env may say 0)
         world = cfg.launch.num_nodes * cfg.launch.num_processes
         if env.global_rank == 0:
             _write_json(run_dir / "job.json", {"job_id": env.job_id, "host": env.hostname,
@@ -169,20 +175,29 @@ class RunJob(submitit.helpers.Checkpointable):
             from dapo.train import train
             route_engine_logs(run_dir)          # vLLM's start-up lines: <run dir>/engine.log, not the job log
             return train(cfg, run_dir, tags={"dapo.job_id": env.job_id})
-        config_path = run_dir / f".launch-config.node{env.node}.yaml"
         import yaml
-        config_path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        config_path = run_dir / f".launch-config.node{env.node}.yaml"   # every node: the run dir may not
+        _write_text(config_path, yaml.safe_dump(to_dict(cfg), sort_keys=False))   # exist yet (rank 0 makes it)
         cmd = accelerate_command(
             python=self.python or sys.executable, config_path=str(config_path), run_dir=str(run_dir),
             nodes=cfg.launch.num_nodes, gpus_per_node=cfg.launch.num_processes, machine_rank=env.node,
             main_ip=env.hostnames[0], main_port=20000 + int(env.raw_job_id) % 20000, fsdp=cfg.launch.fsdp,
-            accelerate_config=cfg.launch.accelerate_config, mixed_precision=cfg.launch.mixed_precision)
+            accelerate_config=self._accelerate_config(cfg), mixed_precision=cfg.launch.mixed_precision)
         print("[dapo] " + shlex.join(cmd), flush=True)
         rc = subprocess.run(cmd).returncode
         if rc != 0:
             raise RuntimeError(f"accelerate launch exited with status {rc} (node {env.node}); the run resumes "
                                f"from its last checkpoint when the sweep is resubmitted")
         return json.loads(done.read_text()) if env.node == 0 and done.is_file() else None
+
+    def _accelerate_config(self, cfg) -> str | None:
+        """``launch.accelerate_config`` as resolved when the sweep was expanded (an absolute path: the
+        job's cwd is wherever it was submitted from); it must still exist on this node."""
+        path = getattr(self, "accelerate_config", None) or cfg.launch.accelerate_config
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"launch.accelerate_config = {path}: no such file on {os.uname().nodename} "
+                              f"(cwd {Path.cwd()}); give a path every node can read")
+        return path
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         """Preempted or out of time: requeue (the loop resumes from its checkpoint), at most max_requeues times.
@@ -216,9 +231,14 @@ def _now() -> str:
 
 
 def _write_json(path: Path, data: Any) -> None:
+    _write_text(path, json.dumps(data, indent=1, default=str))
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write ``path`` atomically (a temporary sibling, then rename), making its directory first."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
@@ -502,7 +522,9 @@ def _make_job(spec: Spec, job: Job, profile: ClusterProfile) -> RunJob:
     config = to_dict(job.config)
     if profile.tracking_uri and not config["logging"].get("tracking_uri"):   # the cluster's server
         config["logging"]["tracking_uri"] = profile.tracking_uri
-    return RunJob(config, str(job.run_dir), max_requeues=spec.max_requeues, python=profile.python)
+    return RunJob(config, str(job.run_dir), max_requeues=spec.max_requeues, python=profile.python,
+                  accelerate_config=str(job.accelerate_config) if job.accelerate_config else None,
+                  gpus_per_node=spec.resources.gpus_per_node)
 
 
 def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "runs", *, dry_run: bool = False,

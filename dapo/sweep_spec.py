@@ -60,10 +60,11 @@ from dapo.config import (Config, ConfigError, apply_overrides, build_config, con
                          read_yaml, show, to_dict)
 from dapo.preflight import check_sources, eval_metric_names, finished_summary
 from dapo.yaml_checks import (NAME_RE, REPO_ROOT, check_int, check_mapping, check_name, check_number, check_text,
+                              find_file,
                               yaml_mapping_file)
 
 __all__ = ["KINDS", "NAME_RE", "Technique", "Resources", "Spec", "Arm", "Job",
-           "load_spec", "arms", "expand", "sweep_info", "check_name", "check_sources_exist", "finished_summary",
+           "load_spec", "arms", "expand", "accelerate_config_path", "sweep_info", "check_name", "check_sources_exist", "finished_summary",
            "REPO_ROOT"]
 
 KINDS = ("ladder", "one_at_a_time", "leave_one_out", "grid")
@@ -130,6 +131,7 @@ class Job:
     run_dir: Path
     overrides: dict[str, Any]     # resolved values that differ from the base (train.seed aside)
     config: Config
+    accelerate_config: Path | None = None   # launch.accelerate_config made absolute (:func:`accelerate_config_path`)
 
     @property
     def finished(self) -> bool:
@@ -188,10 +190,9 @@ def _resolve_base(base: Any, spec_path: Path) -> Path:
     (so a spec in another checkout reads that checkout's experiments, not this one's)."""
     base = check_text(base, "base", str(spec_path))
     roots = (spec_path.parent, Path.cwd(), REPO_ROOT)
-    for root in roots:
-        p = (root / base).resolve()
-        if p.is_file():
-            return p
+    p = find_file(base, roots)
+    if p is not None:
+        return p
     raise ConfigError(f"{spec_path}: base = {show(base)}: no such experiment file (looked relative to "
                       f"{', '.join(str(r.resolve()) for r in roots)})")
 
@@ -451,8 +452,24 @@ def expand(spec: Spec | str | os.PathLike, output: str | os.PathLike = "runs") -
             cfg = _arm_config(spec, base, arm, seed, str(out_root))
             rid = config_hash(cfg)
             jobs.append(Job(arm=arm.name, label=arm.label, seed=seed, run_id=rid, run_dir=out_root / "runs" / rid,
-                            overrides=_diff(cfg, base_cfg), config=cfg))
+                            overrides=_diff(cfg, base_cfg), config=cfg,
+                            accelerate_config=accelerate_config_path(spec, cfg)))
     return jobs
+
+
+def accelerate_config_path(spec: Spec, cfg: Config) -> Path | None:
+    """``launch.accelerate_config`` as an absolute path, read as ``base:`` is: relative to the base
+    experiment's folder, the spec's, the current directory, then this package's repo. A job runs from
+    wherever it was submitted (submitit sets no directory), so a relative path never reaches it."""
+    value = cfg.launch.accelerate_config
+    if value is None:
+        return None
+    roots = tuple(dict.fromkeys((spec.base.parent, spec.path.parent, Path.cwd(), REPO_ROOT)))
+    p = find_file(value, roots)
+    if p is None:
+        raise ConfigError(f"{spec.path}: launch.accelerate_config = {show(value)}: no such file (looked relative "
+                          f"to {', '.join(str(r.resolve()) for r in roots)})")
+    return p
 
 
 def sweep_info(spec: Spec | str | os.PathLike) -> dict:

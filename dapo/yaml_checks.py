@@ -13,7 +13,7 @@ from typing import Any
 from dapo.config import NAME_RE, ConfigError, _coerce, name_problem, safe_yaml_file, show
 
 __all__ = ["NAME_RE", "REPO_ROOT", "check_int", "check_mapping", "check_name", "check_number", "check_path",
-           "check_text", "yaml_mapping_file"]
+           "check_text", "find_file", "yaml_mapping_file"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,6 +68,15 @@ def check_path(value: Any, key: str, where: str) -> str:
         raise ConfigError(f"{where}: {key} = {show(value)}: expected a path without control characters "
                           f"(newline, carriage return, NUL, ...)")
     return value
+
+
+def find_file(value: str, roots: tuple[Path, ...]) -> Path | None:
+    """``value`` as an absolute file path, or relative to the first of ``roots`` that has it; None if none does."""
+    for root in roots:
+        p = (root / Path(value).expanduser()).resolve()
+        if p.is_file():
+            return p
+    return None
 
 
 def check_mapping(value: Any, key: str, where: str) -> dict:

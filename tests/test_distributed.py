@@ -337,6 +337,72 @@ if __name__ == "__main__":
         WORKERS[sys.argv[1]](Path(sys.argv[2]))
 
 
+# =========================================================================== a GPU job without CUDA
+def _no_cuda(monkeypatch, warning: str | None = None) -> None:
+    """torch.cuda as on a GPU node whose CUDA does not initialise (the check's only input from torch)."""
+    import warnings
+
+    def unavailable() -> bool:
+        if warning:
+            warnings.warn(warning)
+        return False
+    monkeypatch.setattr(torch.cuda, "is_available", unavailable)
+    for var in ("DAPO_EXPECT_CUDA", "SLURM_GPUS_ON_NODE", "WORLD_SIZE"):
+        monkeypatch.setenv(var, "x")
+        monkeypatch.delenv(var)                    # (recorded, so whatever the job sets is undone)
+
+
+def test_a_gpu_job_without_cuda_fails_at_once_naming_the_likely_causes(monkeypatch):
+    from dapo.distributed import CudaUnavailableError, init_distributed
+    _no_cuda(monkeypatch, "CUDA initialization: The NVIDIA driver on your system is too old (found version 11040)")
+    assert init_distributed(5).device.type == "cpu"            # nothing says GPUs: a CPU run, as before
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "8")               # Slurm gave this node GPUs
+    with pytest.raises(CudaUnavailableError) as exc:
+        init_distributed(5)
+    msg = str(exc.value)
+    assert "SLURM_GPUS_ON_NODE=8" in msg and "driver on your system is too old" in msg
+    assert "driver is older" in msg and "CUDA_VISIBLE_DEVICES" in msg and "module" in msg and "\n" not in msg
+    monkeypatch.setenv("DAPO_EXPECT_CUDA", "0")                 # asked for a CPU run anyway
+    assert init_distributed(5).device.type == "cpu"
+
+
+def test_the_launcher_tells_a_gpu_jobs_processes_to_expect_cuda(tmp_path, monkeypatch, capsys):
+    """A job whose resources ask for GPUs exports DAPO_EXPECT_CUDA=1 to the processes it starts; a rank
+    that then finds no CUDA is one `error:` line from `dapo train`, exit status 1."""
+    from dapo import distributed, launcher
+    from dapo.cli import train_main
+    from dapo.sweep import expand, load_profile, load_spec
+    _no_cuda(monkeypatch)
+    assert launcher.EXPECT_CUDA_ENV == distributed.EXPECT_CUDA_ENV
+    for k, v in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4321", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
+                 "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}.items():
+        monkeypatch.setenv(k, v)
+    seen = []
+    monkeypatch.setattr(launcher.subprocess, "run", lambda cmd: seen.append(os.environ.get("DAPO_EXPECT_CUDA"))
+                        or subprocess.CompletedProcess(cmd, 0))
+    spec = load_spec(REPO / "sweeps" / "table1.yaml")          # 16 nodes x 8 GPUs
+    launcher._make_job(spec, expand(spec, tmp_path)[0], load_profile("example-gpu-cluster"))()
+    assert seen == ["1"]
+    rc = train_main([str(REPO / "experiments" / "tiny-random-smoke.yaml"), f"output_dir={tmp_path}"],
+                    train_fn=lambda cfg, run_dir: distributed.init_distributed(5))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and err[0].startswith("error: this job expects GPUs (DAPO_EXPECT_CUDA=1)"), err
+
+
+@pytest.mark.slow
+def test_readme_torchrun_command_from_an_empty_model_cache(tmp_path):
+    """The README's multi-process `dapo train`, as a new user runs it: both ranks find the preset
+    missing from an empty cache; one builds it, the other waits; the run finishes."""
+    cache = tmp_path / "cache"
+    p = _ok(_torchrun(2, ["-m", "dapo.cli", "train", "experiments/tiny-random-smoke.yaml", "launch.num_processes=2",
+                          "launch.fsdp=true", "train.rollout_steps=2", f"output_dir={tmp_path / 'out'}",
+                          f"launch.pg_timeout_s={PG_TIMEOUT_S}", "logging.progress=false"],
+                      env={"DAPO_LAB_CACHE": str(cache)}, timeout=600))
+    assert "step 2/2" in p.stdout and "done:" in p.stdout
+    assert sorted(x.name for x in cache.iterdir()) == ["tiny-3m"]        # complete; no lock or temp left
+    assert (cache / "tiny-3m" / ".dapo-complete").is_file()
+
+
 def test_train_started_as_fewer_processes_than_the_config_says_is_one_error(tmp_path, monkeypatch, capsys):
     """`accelerate launch --num_processes 2` without GPUs (and without --multi_cpu) starts one process:
     `dapo train` says so instead of training alone, unsharded."""

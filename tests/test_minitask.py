@@ -334,3 +334,30 @@ def test_fresh_split_is_unseen_balanced_and_pinned():
     assert hashlib.sha256(json.dumps(fresh).encode()).hexdigest()[:12] == "abca159fea75"
     ex, _ = load_dataset("arith-fresh")
     assert [e.prompt for e in ex] == prompts and all(e.source == "arith-fresh" for e in ex)
+
+
+def test_half_made_cached_base_model_is_rebuilt_under_the_lock(tmp_path, monkeypatch):
+    """A base model left half-made in the cache (tokenizer files only: no config, no record) is
+    rebuilt, not refused; the build holds the entry's lock, so other ranks or jobs wait for it."""
+    from dapo import base_model, models
+
+    monkeypatch.setenv("DAPO_LAB_CACHE", str(tmp_path))
+    kw = {k: v for k, v in TINY.items() if k != "threads"}
+    out = base_model.default_out_dir(base_model.Recipe(**{**kw, "report_caps": tuple(kw["report_caps"])}))
+    out.mkdir(parents=True)
+    models.build_char_tokenizer().save_pretrained(out)
+
+    def fake_train_into(tmp, tok, recipe, h, start, *, progress):
+        assert models.lock_path(out).is_file()            # built while holding the lock
+        (tmp / "config.json").write_text("{}")
+        (tmp / "model.safetensors").write_bytes(b"")
+        rec = {"recipe_hash": h, "recipe": recipe.to_dict()}
+        (tmp / base_model.RECORD_NAME).write_text(json.dumps(rec))
+        return rec
+
+    monkeypatch.setattr(base_model, "_train_into", fake_train_into)
+    rec = base_model.build_base_model(progress=False, **TINY)
+    assert rec["reused"] is False and rec["model_path"] == str(out)
+    assert (out / "config.json").is_file() and (out / models.COMPLETE_MARKER).is_file()
+    assert base_model.build_base_model(progress=False, **TINY)["reused"] is True
+    assert not models.lock_path(out).exists()

@@ -126,7 +126,8 @@ def test_resolve_model(tmp_path, tiny_dir):
     assert "tiny-3m" in str(e.value) and "smollm2-135m-instruct" in str(e.value)
     with pytest.raises(ValueError, match="allow_hub"):
         resolve_model("Qwen/Qwen2.5-0.5B", tmp_path)
-    assert resolve_model("Qwen/Qwen2.5-0.5B", tmp_path, allow_hub=True) == "Qwen/Qwen2.5-0.5B"
+    with pytest.raises(ValueError, match="hub model 'Qwen/Qwen2.5-0.5B': no local snapshot"):
+        resolve_model("Qwen/Qwen2.5-0.5B", tmp_path, allow_hub=True)     # offline, not cached
     assert set(TINY_PRESETS) == {"tiny-3m", "tiny-25m"}
 
 
@@ -193,3 +194,113 @@ def test_smollm2_vllm_matches_hf_and_syncs():
         assert ids(v.generate(prompts, greedy)) == trained
     finally:
         v.close()
+
+
+# --------------------------------------------------------------------------- concurrent cache builds
+_RACE_WORKER = """
+import hashlib, os, sys, time
+from pathlib import Path
+from dapo.models import publish_dir, resolve_model
+cache, me = Path(sys.argv[1]), sys.argv[2]
+(cache.parent / f"ready-{me}").touch()
+deadline = time.time() + 60
+while not all((cache.parent / f"ready-{w}").exists() for w in ("a", "b")):   # start together
+    assert time.time() < deadline, "the other worker never started"
+    time.sleep(0.01)
+
+def build(tmp):
+    (tmp / "config.json").write_text("{}")
+    time.sleep(1.0)                                    # a slow build: the other one arrives meanwhile
+    (tmp / "model.safetensors").write_text(me)
+    with open(cache.parent / "builds.log", "a") as f:
+        f.write(me + "\\n")
+
+entry = publish_dir(cache / "entry", build, replace=False)
+p = resolve_model("tiny-3m", cache)
+print(entry, (entry / "model.safetensors").read_text(), p,
+      hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest())
+"""
+
+
+def test_two_processes_building_one_cache_entry_build_it_once(tmp_path):
+    """Two processes (as two ranks of `torchrun`) build the same entries into an empty cache at once:
+    one builds, the other waits for it; both get the same complete directory, and no lock or temp
+    file is left beside it."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE_WORKER, str(cache), w], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for w in ("a", "b")]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    assert len((tmp_path / "builds.log").read_text().split()) == 1      # built once
+    first, second = (o.split() for o, _ in outs)
+    assert first == second                                              # the same entry, the same weights
+    assert first[2] == str(cache / "tiny-3m")
+    assert models.is_complete(cache / "entry") and models.is_complete(cache / "tiny-3m")
+    assert sorted(x.name for x in cache.iterdir()) == ["entry", "tiny-3m"]   # no lock files, no temp dirs
+
+
+def test_half_made_cache_entry_is_rebuilt(tmp_path):
+    """A cache entry left half-made (only the tokenizer files, no config or weights) is rebuilt
+    rather than read, or refused, forever; a complete one published before the marker existed is kept."""
+    half = tmp_path / "tiny-3m"
+    half.mkdir()
+    build_char_tokenizer().save_pretrained(half)
+    p = resolve_model("tiny-3m", tmp_path)
+    assert p == half and (p / "config.json").is_file() and (p / models.COMPLETE_MARKER).is_file()
+    assert load_model(p).config.hidden_size == TINY_PRESETS["tiny-3m"]["hidden_size"]
+    (p / models.COMPLETE_MARKER).unlink()          # as published before the marker: config + weights
+    stamp = (p / "model.safetensors").stat().st_mtime_ns
+    assert resolve_model("tiny-3m", tmp_path) == p and (p / "model.safetensors").stat().st_mtime_ns == stamp
+    assert not [x for x in tmp_path.iterdir() if x.name.startswith(".")]
+
+
+def test_cache_lock_times_out_with_one_clear_message(tmp_path):
+    with models.build_lock(tmp_path / "entry"):
+        import subprocess
+        import sys
+        code = ("from dapo.models import build_lock\n"
+                f"with build_lock({str(tmp_path / 'entry')!r}, timeout_s=0.5): pass")
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    last = p.stderr.strip().splitlines()[-1]
+    assert "CacheBusyError" in last and f"pid {os.getpid()}" in last and "lock" in last, p.stderr[-2000:]
+    assert "waiting for pid" in p.stderr
+    assert not models.lock_path(tmp_path / "entry").exists()
+
+
+def test_a_rank_other_than_0_builds_a_complete_cache_entry(tmp_path, monkeypatch):
+    """Under a process group, transformers writes a model only on rank 0; the rank that holds a cache
+    entry's lock may be rank 1 (`torchrun`, `accelerate launch`): it still writes the whole model.
+    A build that writes no model publishes nothing."""
+    from transformers import PreTrainedModel
+    g = PreTrainedModel.should_save_on_this_rank.__globals__        # rank 1 of an initialised group
+    monkeypatch.setitem(g, "_is_torch_distributed_initialized", lambda: True)
+    monkeypatch.setitem(g, "_get_torch_distributed_rank", lambda: 1)
+    p = resolve_model("tiny-3m", tmp_path)
+    assert (p / "config.json").is_file() and (p / "model.safetensors").is_file()
+    assert load_model(p).config.hidden_size == TINY_PRESETS["tiny-3m"]["hidden_size"]
+    with pytest.raises(RuntimeError, match="wrote no model"):
+        models.publish_dir(tmp_path / "tok-only", lambda tmp: build_char_tokenizer().save_pretrained(tmp))
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["tiny-3m"]
+
+
+def test_a_hub_id_resolves_to_its_local_snapshot_for_trainer_and_engine(tmp_path, monkeypatch):
+    """A hub id becomes its snapshot directory in the Hugging Face cache, once, so the trainer and the
+    engine read the same files: the EOS ids in its generation_config.json, its weight names."""
+    import huggingface_hub.constants as hub
+    from dapo.base_model import resolve_policy_path
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snap = repo / "snapshots" / ("a" * 40)
+    build_tiny_qwen2(snap, num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    p = resolve_policy_path("org/tiny")
+    assert p == snap and (p / "generation_config.json").is_file() and (p / "model.safetensors").is_file()
+    assert load_tokenizer(p).eos_token == EOS_TOKEN

@@ -411,6 +411,57 @@ def test_a_multi_node_job_starts_accelerate_with_its_node_rank(tmp_path: Path, m
     assert not (tmp_path / "job.json").exists()                    # written by global rank 0 only
 
 
+def _node1_env(monkeypatch) -> list:
+    """Slurm's environment of node 1 of a 2-node job; accelerate is not run: its argv is recorded."""
+    from dapo import launcher
+    env = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4321", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
+           "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    calls: list = []
+    monkeypatch.setattr(launcher.subprocess, "run", lambda cmd: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    return calls
+
+
+def test_node_1_of_a_fresh_multi_node_job_makes_the_run_dir_itself(tmp_path: Path, monkeypatch):
+    """Only global rank 0 writes job.json (and so the run dir); node 1 may start first on a fresh run:
+    it writes its launch config into a run dir that does not exist yet."""
+    from dapo import launcher
+    from dapo.config import load_config, to_dict
+    calls = _node1_env(monkeypatch)
+    cfg = load_config(REPO / "experiments" / "paper-dapo-32b.yaml", ["launch.num_nodes=2"])
+    run_dir = tmp_path / "out" / "runs" / "fresh"
+    assert launcher.RunJob(to_dict(cfg), str(run_dir), max_requeues=1)() is None
+    [cmd] = calls
+    assert Path(cmd[-3]) == run_dir / ".launch-config.node1.yaml" and Path(cmd[-3]).is_file()
+    assert sorted(p.name for p in run_dir.iterdir()) == [".launch-config.node1.yaml"]   # no temp file left
+
+
+def test_a_sweep_expanded_elsewhere_gives_its_jobs_the_absolute_accelerate_config(tmp_path: Path, monkeypatch):
+    """`launch.accelerate_config: slurm/accelerate-fsdp.yaml` is read like `base:` when the sweep is
+    expanded (not from the job's cwd, wherever it was submitted); the run ids do not change."""
+    from dapo import launcher
+    monkeypatch.chdir(tmp_path)                                   # submitted from outside the repo
+    spec = load_spec(REPO / "sweeps" / "table1.yaml")
+    job = expand(spec, tmp_path)[0]
+    assert job.accelerate_config == REPO / "slurm" / "accelerate-fsdp.yaml"
+    assert job.config.launch.accelerate_config == "slurm/accelerate-fsdp.yaml"   # the config (and run id) as written
+    calls = _node1_env(monkeypatch)
+    assert launcher._make_job(spec, job, load_profile("example-gpu-cluster"))() is None
+    [cmd] = calls
+    assert cmd[cmd.index("--config_file") + 1] == str(REPO / "slurm" / "accelerate-fsdp.yaml")
+    # beside the spec also counts; a file that is nowhere is one clear error at expansion
+    (tmp_path / "acc.yaml").write_text("{}")
+    local = load_spec(write_spec(tmp_path, base=str(REPO / "experiments" / "tiny-random-smoke.yaml"),
+                                 base_overrides={"launch.accelerate_config": "acc.yaml"}))
+    monkeypatch.chdir(REPO)
+    assert expand(local, tmp_path)[0].accelerate_config == tmp_path / "acc.yaml"
+    missing = load_spec(write_spec(tmp_path, base=str(REPO / "experiments" / "tiny-random-smoke.yaml"),
+                                   base_overrides={"launch.accelerate_config": "nowhere.yaml"}))
+    with pytest.raises(ConfigError, match=r"launch.accelerate_config = 'nowhere.yaml': no such file \(looked"):
+        expand(missing, tmp_path)
+
+
 def test_cancelling_a_local_job_kills_its_whole_process_tree():
     """A local job is `sh -c ... && python -m submitit.local._local` → controller → task; all must go,
     even with SIGINT ignored (as for anything started from a background shell)."""
