@@ -395,7 +395,8 @@ def _log_mlflow(result: dict[str, Any], target: Target, cfg, out: Path) -> str |
     tr.set_tags({"dapo.eval_of": meta["run_id"], "dapo.eval.protocol": req["protocol"],
                  "dapo.eval.step": req["step"], "dapo.eval.dir": str(out.resolve())})
     tr.log_params({f"eval.{k}": v for k, v in req.items() if k not in ("overrides",)})
-    grad = next((r for r in [json.loads(l) for l in (out / "samples.jsonl").open()][:1]), {}).get("grad_step") or 0
+    with (out / "samples.jsonl").open() as f:
+        grad = json.loads(f.readline() or "{}").get("grad_step") or 0
     metrics = {k: v for s in result["sets"].values() for k, v in s["metrics"].items()}
     for name, s in result["sets"].items():
         metrics.update({f"eval/{name}/pass_at_k_curve/{k}": v for k, v in s["pass_at_k"].items()})
@@ -404,6 +405,9 @@ def _log_mlflow(result: dict[str, Any], target: Target, cfg, out: Path) -> str |
     tr.flush()
     for f in ("eval.json", "eval.md", "samples.jsonl"):
         tr.log_artifact(out / f)
+    from dapo import eval_records
+    records = [json.loads(line) for line in (out / "samples.jsonl").open()]
+    tr.log_table(eval_records.table_columns(records), f"{eval_records.DIRNAME}/samples.json")   # readable in the UI
     tr.finish()
     return tr.run_uuid
 

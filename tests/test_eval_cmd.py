@@ -146,6 +146,8 @@ def test_eval_of_a_checkpoint_reproduces_the_logged_evaluation_and_resumes_after
     evals = [r for r in client.search_runs([client.get_run(run_id).info.experiment_id])
              if r.data.tags.get("dapo.eval_of") == run_id]
     assert len(evals) == 1 and evals[0].data.metrics["eval/arith-eval/avg_at_2"] == logged[grad_step]
+    table = {f.path for f in client.list_artifacts(evals[0].info.run_id, "eval_records")}
+    assert table == {"eval_records/samples.json"}                           # the samples as a table in the UI
     # killed after the first of two sets' files, then rerun: the same records, none twice
     two = ["eval", str(run), "--step", "2", "--sets", "arith-eval,arith-fresh", "--limit", "8", "--no-mlflow",
            "--to", str(tmp_path / "e2")]
