@@ -14,6 +14,10 @@ Every DAPO technique is one toggle group under ``algo``:
 - ``algo.dynamic_sampling``  drop all-correct / all-wrong groups and refill the batch
 - ``algo.kl``                KL penalty (off in DAPO)
 
+and DAPO's successors are toggles beside them (README, "The algorithm, as toggles"):
+
+- ``algo.advantage``         the std of Â (group / batch / none: Dr. GRPO) and the baseline (mean / RLOO)
+
 ``import dapo.config`` must not import torch (tests check it).
 """
 
@@ -123,6 +127,16 @@ class DynamicSamplingConfig:
 
 
 @dataclass(frozen=True)
+class AdvantageConfig:
+    std: Literal["group", "batch", "none"] = doc(
+        "what Â is divided by: the group's reward std (GRPO), the std of the step's B·G rewards (LitePPO; "
+        "TRL scale_rewards=batch), or nothing (Dr. GRPO, arXiv 2503.20783); dapo.algo.group_advantages", "group")
+    baseline: Literal["mean", "leave_one_out"] = doc(
+        "what is subtracted from R_i: the group mean (GRPO) or the mean of the other G-1 rewards "
+        "(RLOO: R_i - mean = scaled by G/(G-1))", "mean")
+
+
+@dataclass(frozen=True)
 class AlgoConfig:
     name: str = doc("a label for the recipe (grpo, dapo, ...); informational", "dapo")
     clip: ClipConfig = doc("Clip-Higher toggle group", factory=ClipConfig)
@@ -134,6 +148,8 @@ class AlgoConfig:
     overlong: OverlongConfig = doc("overlong filtering / soft punishment toggle group", factory=OverlongConfig)
     dynamic_sampling: DynamicSamplingConfig = doc("dynamic sampling toggle group", factory=DynamicSamplingConfig)
     adv_eps: float = doc("ε in (R - mean) / (std + ε)", 1e-6)
+    advantage: AdvantageConfig = doc("advantage estimator toggle group (GRPO, Dr. GRPO, RLOO, batch std)",
+                                     factory=AdvantageConfig)
 
 
 @dataclass(frozen=True)
@@ -613,6 +629,23 @@ UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep
 HASHED_WHEN_NOT = {"data.train_skip": 0, "train.max_tokens_per_micro_batch": None}
 
 
+def _defaults(cls: type, prefix: str) -> dict[str, Any]:
+    """``{"prefix.field": default}`` of every leaf of a config section (nested sections included)."""
+    out: dict[str, Any] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(_defaults(hints[f.name], f"{prefix}.{f.name}"))
+        else:
+            out[f"{prefix}.{f.name}"] = to_dict(f.default) if isinstance(f.default, tuple) else f.default
+    return out
+
+
+# DAPO's successors (issue 24): every key at its default is the March-2025 recipe, left out of the hash;
+# a section all of whose keys are left out is left out too (config_hash drops emptied sections).
+HASHED_WHEN_NOT.update(_defaults(AdvantageConfig, "algo.advantage"))
+
+
 _NAMING = ("logging", "output_dir", "name")   # config_hash's default exclude: where a run is named and logged
 
 
@@ -628,6 +661,10 @@ def config_hash(cfg: Config, *, exclude: tuple[str, ...] = _NAMING) -> str:
     for key in UNHASHED_KEYS + tuple(k for k, v in HASHED_WHEN_NOT.items() if _get(d, k, v) == v):
         section, _, leaf = key.rpartition(".")
         _get(d, section, {}).pop(leaf, None)
+        while section and _get(d, section) == {}:   # a section emptied by the pops: as if it did not exist
+            parent, _, name = section.rpartition(".")
+            (_get(d, parent, {}) if parent else d).pop(name, None)
+            section = parent
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

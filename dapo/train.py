@@ -143,7 +143,8 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
         with timer("rollout"):
             batch = _rollouts(run, r)
         # 4. group advantages from the shaped reward: [N]
-        adv = algo.group_advantages(batch.rewards, eps=cfg.algo.adv_eps).reshape(-1)
+        adv = algo.group_advantages(batch.rewards, eps=cfg.algo.adv_eps, std=cfg.algo.advantage.std,
+                                    baseline=cfg.algo.advantage.baseline).reshape(-1)
         # 5. π_old log-probs [N, L] (skipped when one optimizer step uses the batch: π_old is then
         #    the update's own forward, see single_step_on_policy) and the loss mask [N, L]
         with timer("old_logprob"):
