@@ -43,7 +43,8 @@ from dapo.rollout import make_rollout_engine, rollout_with_retry, round_seed
 from dapo.run_data import load_run_data
 from dapo.run_dir import hold_run_dir
 from dapo.tracking import mark_run_ended
-from dapo.update import NonFiniteError, Policy, build_policy, mean_metrics, old_policy_metrics, update_policy
+from dapo.update import (NonFiniteError, Policy, StepStats, build_policy, mean_metrics, old_policy_metrics,
+                         update_policy)
 from dapo.weight_sync import push_weights, release_engine
 
 __all__ = ["train", "run_dir_for", "main", "Timer"]
@@ -147,12 +148,20 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
                                     baseline=cfg.algo.advantage.baseline).reshape(-1)
         # 5. π_old log-probs [N, L] (skipped when one optimizer step uses the batch: π_old is then
         #    the update's own forward, see single_step_on_policy) and the loss mask [N, L]
+        #    With algo.top_entropy_quantile < 1 only the highest-entropy tokens of π_old stay in the loss
+        #    mask (that needs π_old's forward, so it is never skipped then).
         with timer("old_logprob"):
-            on_policy = single_step_on_policy(cfg, batch.num_groups)
+            top_q = cfg.algo.top_entropy_quantile
+            on_policy = single_step_on_policy(cfg, batch.num_groups) and top_q >= 1.0
             old_lp, ent, resp_mask = ((None, None, response_mask(batch)) if on_policy else
                                       old_logprobs(policy.module, batch, cfg, policy.pad_id, policy.device,
                                                    policy.autocast, policy.rank, policy.world))
             loss_mask = response_loss_mask(resp_mask, batch.finished, cfg.algo.overlong.filter)
+            selection = {}
+            if top_q < 1.0:
+                before = float(loss_mask.sum())
+                loss_mask = loss_mask * algo.top_entropy_mask(ent, loss_mask, top_q)
+                selection = {StepStats.metric("entropy_kept_frac"): float(loss_mask.sum()) / max(before, 1.0)}
         # 6. μ optimizer steps (mini-batches × ppo_epochs), micro-batch accumulation: [μ] StepStats
         with timer("train"):
             steps = _update(run, batch, old_lp, adv, loss_mask, r)
@@ -166,7 +175,7 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
         with timer("eval"):
             ev = _evaluate(run, r) if (cfg.eval.every and r % cfg.eval.every == 0) or r == total else {}
         # 9. log (buffered; sent to MLflow right after the next checkpoint)
-        metrics = {**batch.stats, **ev, **mean_metrics(steps),
+        metrics = {**batch.stats, **ev, **mean_metrics(steps), **selection,
                    **({} if on_policy else old_policy_metrics(old_lp, ent, resp_mask)),
                    "train/grad_steps": len(steps), **timer.metrics()}
         gen_tok, train_tok = _tokens(batch, resp_mask, cfg)
