@@ -407,3 +407,78 @@ def test_update_with_gspo_and_cispo_is_invariant_to_the_micro_batch_split(extra)
     assert getattr(steps[0], key) == pytest.approx(getattr(ref_steps[0], key), rel=1e-6) and getattr(steps[0], key) > 0
     for k in ref_delta:
         torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------
+# group_token_mean and the top-entropy token mask
+# ----------------------------------------------------------------------------------------
+
+def test_group_token_mean_hand():
+    # groups of two rows: group 0 has 3 + 1 tokens with values 1,2,3 | 4 → 10/4; group 1 has 2 + 0 tokens
+    # with values 6, 8 → 7; mean over the two groups = (2.5 + 7) / 2 = 4.75 (token_mean: 24/6 = 4).
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [6.0, 8.0, 0.0], [9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    groups = torch.tensor([0, 0, 1, 1])
+    assert algo.aggregate(values, mask, "group_token_mean", groups=groups).item() == pytest.approx(4.75)
+    # the step's counts given instead (e.g. rows 2, 3 of a larger step): the same number
+    gt = torch.tensor([4.0, 4.0, 2.0, 2.0])
+    assert algo.aggregate(values, mask, "group_token_mean", group_tokens=gt, num_groups=2).item() == pytest.approx(4.75)
+    with pytest.raises(ValueError, match="needs groups"):
+        algo.aggregate(values, mask, "group_token_mean")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_group_token_mean_is_token_mean_when_every_group_has_the_same_token_count(seed):
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(6, 5, generator=gen, dtype=torch.float64)
+    mask = torch.zeros(6, 5, dtype=torch.float64)
+    for g in range(3):                      # each group: 6 tokens, split unevenly over its two rows
+        k = int(torch.randint(1, 5, (1,), generator=gen))
+        mask[2 * g, :k], mask[2 * g + 1, :6 - k] = 1.0, 1.0
+    got = algo.aggregate(values, mask, "group_token_mean", groups=torch.arange(6) // 2)
+    assert got.item() == pytest.approx(algo.aggregate(values, mask, "token_mean").item(), rel=1e-12)
+
+
+def test_top_entropy_mask_hand():
+    ent = torch.tensor([[0.5, 2.0, 1.0, 9.0], [3.0, 0.1, 2.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])    # T = 7; the 9.0 is padding
+    keep = algo.top_entropy_mask(ent, mask, 0.2)                           # ⌈1.4⌉ = 2: 3.0 and the first 2.0
+    assert keep.tolist() == [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
+    keep = algo.top_entropy_mask(ent, mask, 0.5)                           # ⌈3.5⌉ = 4: 3.0, 2.0, 2.0, 1.0
+    assert keep.tolist() == [[0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 1.0, 0.0]]
+    assert torch.equal(algo.top_entropy_mask(ent, mask, 1.0), mask)        # ρ = 1: the identity
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        algo.top_entropy_mask(ent, mask, 0.0)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("q", [0.05, 0.2, 0.8])
+def test_top_entropy_mask_keeps_ceil_q_t_of_the_highest(seed, q):
+    gen = torch.Generator().manual_seed(seed)
+    ent = torch.rand(7, 9, generator=gen)
+    mask = (torch.rand(7, 9, generator=gen) > 0.3).float()
+    keep = algo.top_entropy_mask(ent, mask, q)
+    T = int(mask.sum())
+    assert int(keep.sum()) == math.ceil(round(q * T, 9)) and (keep <= mask).all()
+    if keep.sum() < T:
+        assert ent[keep == 1].min() >= ent[(mask == 1) & (keep == 0)].max()
+
+
+def test_group_token_mean_update_is_invariant_to_the_split():
+    from tests.test_train import _one_update
+    ref_steps, ref_delta = _one_update(16, agg="group_token_mean", drop=(3,))
+    steps, delta = _one_update(4, agg="group_token_mean", drop=(3,))
+    assert steps[0].loss == pytest.approx(ref_steps[0].loss, rel=1e-5, abs=1e-7)
+    for k in ref_delta:
+        torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
+
+
+def test_clip_cov_update_is_seeded():
+    from tests.test_train import _one_update
+    extra = {"algo.policy_loss": "clip_cov", "algo.clip_cov.ratio": 0.1, "algo.clip_cov.lb": -1.0,
+             "algo.clip_cov.ub": 1.0}
+    a_steps, a = _one_update(4, extra=extra)
+    b_steps, b = _one_update(4, extra=extra)
+    assert a_steps[0].cov_selected_frac > 0 and a_steps[0].cov_selected_frac == b_steps[0].cov_selected_frac
+    for k in a:
+        assert torch.equal(a[k], b[k])
