@@ -14,6 +14,12 @@ Every DAPO technique is one toggle group under ``algo``:
 - ``algo.dynamic_sampling``  drop all-correct / all-wrong groups and refill the batch
 - ``algo.kl``                KL penalty (off in DAPO)
 
+and DAPO's successors are toggles beside them (README, "The algorithm, as toggles"):
+
+- ``algo.advantage``         the std of Â (group / batch / none: Dr. GRPO) and the baseline (mean / RLOO)
+- ``algo.policy_loss``       ppo_clip / gspo / cispo / clip_cov / kl_cov, each with its own group of keys
+- ``algo.top_entropy_quantile``  only the highest-entropy tokens in the loss (1.0 = off)
+
 ``import dapo.config`` must not import torch (tests check it).
 """
 
@@ -136,12 +142,50 @@ class RolloutCorrectionConfig:
 
 
 @dataclass(frozen=True)
+class AdvantageConfig:
+    std: Literal["group", "batch", "none"] = doc(
+        "what Â is divided by: the group's reward std (GRPO), the std of the step's B·G rewards (LitePPO; "
+        "TRL scale_rewards=batch), or nothing (Dr. GRPO, arXiv 2503.20783); dapo.algo.group_advantages", "group")
+    baseline: Literal["mean", "leave_one_out"] = doc(
+        "what is subtracted from R_i: the group mean (GRPO) or the mean of the other G-1 rewards "
+        "(RLOO: R_i - mean = scaled by G/(G-1))", "mean")
+
+
+@dataclass(frozen=True)
+class GSPOConfig:
+    eps_low: float = doc("GSPO: the sequence ratio's floor 1 - eps_low (the paper: 3e-4)", 3e-4)
+    eps_high: float = doc("GSPO: the sequence ratio's ceiling 1 + eps_high (the paper: 4e-4)", 4e-4)
+
+
+@dataclass(frozen=True)
+class CISPOConfig:
+    eps_low: Optional[float] = doc("CISPO: the importance weight's floor 1 - eps_low (null = no floor, as MiniMax-M1)", None)
+    eps_high: float = doc("CISPO: the importance weight's cap 1 + eps_high (TRL's epsilon_high = 1 + this)", 0.28)
+
+
+@dataclass(frozen=True)
+class ClipCovConfig:
+    ratio: float = doc("Clip-Cov: the share of tokens whose gradient is cut, max(1, floor(ratio*T)) (verl: 2e-4)", 2e-4)
+    lb: float = doc("Clip-Cov: only tokens with covariance > lb are candidates (verl: 1)", 1.0)
+    ub: float = doc("Clip-Cov: only tokens with covariance < ub are candidates (verl: 5)", 5.0)
+
+
+@dataclass(frozen=True)
+class KLCovConfig:
+    ratio: float = doc("KL-Cov: the share of tokens, max(1, floor(ratio*T)), with the largest covariance that get "
+                       "the KL penalty (verl: 2e-4)", 2e-4)
+    coef: float = doc("KL-Cov: β of the penalty β·|logπ_θ - logπ_old| on those tokens (verl: 1)", 1.0)
+
+
+@dataclass(frozen=True)
 class AlgoConfig:
     name: str = doc("a label for the recipe (grpo, dapo, ...); informational", "dapo")
     clip: ClipConfig = doc("Clip-Higher toggle group", factory=ClipConfig)
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_const"] = doc(
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_const",
+                      "group_token_mean"] = doc(
         "how per-token losses become a scalar (DAPO: token_mean; GRPO: seq_mean_token_mean; "
-        "Dr.GRPO: seq_mean_token_sum_const; dapo.algo.aggregate)", "token_mean")
+        "Dr.GRPO: seq_mean_token_sum_const; group_token_mean: per-prompt token mean, then the mean over "
+        "prompts; dapo.algo.aggregate)", "token_mean")
     kl: KLConfig = doc("KL penalty toggle group", factory=KLConfig)
     entropy_coef: float = doc("entropy bonus coefficient (0 = off, as in DAPO)", 0.0)
     overlong: OverlongConfig = doc("overlong filtering / soft punishment toggle group", factory=OverlongConfig)
@@ -152,6 +196,20 @@ class AlgoConfig:
     old_logprobs: Literal["trainer", "rollout"] = doc(
         "pi_old: recomputed by the trainer (decoupled, default), or the rollout engine's log-probs (bypass: no "
         "pi_old pass; the PPO ratio then also absorbs the mismatch)", "trainer")
+    advantage: AdvantageConfig = doc("advantage estimator toggle group (GRPO, Dr. GRPO, RLOO, batch std)",
+                                     factory=AdvantageConfig)
+    policy_loss: Literal["ppo_clip", "gspo", "cispo", "clip_cov", "kl_cov"] = doc(
+        "the per-token policy loss (dapo.algo.POLICY_LOSSES): PPO's clipped surrogate with algo.clip (GRPO, DAPO); "
+        "gspo (sequence-level ratio, arXiv 2507.18071; algo.gspo); cispo (clipped importance weight, every token "
+        "keeps its gradient, MiniMax-M1 arXiv 2506.13585; algo.cispo); clip_cov / kl_cov (cut the gradient of / "
+        "penalize a few high-covariance tokens, arXiv 2505.22617; algo.clip_cov, algo.kl_cov)", "ppo_clip")
+    gspo: GSPOConfig = doc("GSPO's clip range (with policy_loss = gspo)", factory=GSPOConfig)
+    cispo: CISPOConfig = doc("CISPO's weight bounds (with policy_loss = cispo)", factory=CISPOConfig)
+    clip_cov: ClipCovConfig = doc("Clip-Cov's share and covariance band (with policy_loss = clip_cov)", factory=ClipCovConfig)
+    kl_cov: KLCovConfig = doc("KL-Cov's share and β (with policy_loss = kl_cov)", factory=KLCovConfig)
+    top_entropy_quantile: float = doc(
+        "only the ceil(q*T) loss tokens of the rollout step with the highest π_old entropy enter the loss "
+        "(the 80/20 paper, arXiv 2506.01939: q = 0.2; TRL top_entropy_quantile); 1.0 = every token", 1.0)
 
 
 @dataclass(frozen=True)
@@ -363,6 +421,17 @@ def _check_ranges(cfg: Config, where: str) -> None:
     need(c.dual_clip_c is None or c.dual_clip_c > 1, "algo.clip.dual_clip_c", c.dual_clip_c, "must be > 1 or null")
     need(a.kl.coef >= 0, "algo.kl.coef", a.kl.coef, "must be >= 0")
     need(a.adv_eps > 0, "algo.adv_eps", a.adv_eps, "must be > 0")
+    need(0 <= a.gspo.eps_low < 1, "algo.gspo.eps_low", a.gspo.eps_low, "must be in [0, 1)")
+    need(a.gspo.eps_high >= 0, "algo.gspo.eps_high", a.gspo.eps_high, "must be >= 0")
+    need(a.cispo.eps_low is None or 0 <= a.cispo.eps_low < 1, "algo.cispo.eps_low", a.cispo.eps_low,
+         "must be in [0, 1) or null (no floor)")
+    need(a.cispo.eps_high >= 0, "algo.cispo.eps_high", a.cispo.eps_high, "must be >= 0")
+    for key, sec in (("clip_cov", a.clip_cov), ("kl_cov", a.kl_cov)):
+        need(0 < sec.ratio <= 1, f"algo.{key}.ratio", sec.ratio, "must be in (0, 1]")
+    need(a.clip_cov.lb < a.clip_cov.ub, "algo.clip_cov.ub", a.clip_cov.ub, f"must be > algo.clip_cov.lb ({a.clip_cov.lb})")
+    need(a.kl_cov.coef >= 0, "algo.kl_cov.coef", a.kl_cov.coef, "must be >= 0")
+    need(0 < a.top_entropy_quantile <= 1, "algo.top_entropy_quantile", a.top_entropy_quantile,
+         "must be in (0, 1] (1.0 = every token)")
     o = a.overlong
     need(o.max_len > 0, "algo.overlong.max_len", o.max_len, "must be > 0")
     need(0 < o.cache_len <= o.max_len, "algo.overlong.cache_len", o.cache_len,
@@ -380,6 +449,9 @@ def _check_ranges(cfg: Config, where: str) -> None:
     need(rc.hi >= 1, "algo.rollout_correction.hi", rc.hi, "must be >= 1")
     need(rc.mode == "none" or a.old_logprobs == "trainer", "algo.rollout_correction.mode", rc.mode,
          "needs algo.old_logprobs=trainer (with bypass pi_old is pi_rollout: rho = 1, nothing to correct)")
+    need(a.top_entropy_quantile >= 1.0 or a.old_logprobs == "trainer", "algo.top_entropy_quantile",
+         a.top_entropy_quantile, "< 1 needs algo.old_logprobs=trainer (it ranks tokens by pi_old's entropy, which "
+         "the bypass does not compute)")
     ds = a.dynamic_sampling
     need(ds.max_gen_rounds >= 1, "algo.dynamic_sampling.max_gen_rounds", ds.max_gen_rounds, "must be >= 1")
     need(ds.oversample >= 1, "algo.dynamic_sampling.oversample", ds.oversample, "must be >= 1")
@@ -635,8 +707,28 @@ UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep
                  "train.logits_chunk_tokens", "launch.pg_timeout_s")
 # Keys added after runs existed that do change the numbers: hashed only when they differ from the value
 # below (the behaviour before they existed), so every older run id stays valid.
-HASHED_WHEN_NOT = {"data.train_skip": 0, "train.max_tokens_per_micro_batch": None, "algo.old_logprobs": "trainer",
-                   "algo.rollout_correction": {"mode": "none", "level": "token", "cap": 2.0, "lo": 0.5, "hi": 2.0}}
+HASHED_WHEN_NOT = {"data.train_skip": 0, "train.max_tokens_per_micro_batch": None}
+
+
+def _defaults(cls: type, prefix: str) -> dict[str, Any]:
+    """``{"prefix.field": default}`` of every leaf of a config section (nested sections included)."""
+    out: dict[str, Any] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(_defaults(hints[f.name], f"{prefix}.{f.name}"))
+        else:
+            out[f"{prefix}.{f.name}"] = to_dict(f.default) if isinstance(f.default, tuple) else f.default
+    return out
+
+
+# The behaviour policy and DAPO's successors: every key at its default is the March-2025 recipe, left out of the hash;
+# a section all of whose keys are left out is left out too (config_hash drops emptied sections).
+HASHED_WHEN_NOT.update(_defaults(AdvantageConfig, "algo.advantage"))
+HASHED_WHEN_NOT.update({"algo.policy_loss": "ppo_clip", "algo.top_entropy_quantile": 1.0, "algo.old_logprobs": "trainer"})
+HASHED_WHEN_NOT.update(_defaults(RolloutCorrectionConfig, "algo.rollout_correction"))
+for _cls, _key in ((GSPOConfig, "gspo"), (CISPOConfig, "cispo"), (ClipCovConfig, "clip_cov"), (KLCovConfig, "kl_cov")):
+    HASHED_WHEN_NOT.update(_defaults(_cls, f"algo.{_key}"))
 
 
 _NAMING = ("logging", "output_dir", "name")   # config_hash's default exclude: where a run is named and logged
@@ -654,6 +746,10 @@ def config_hash(cfg: Config, *, exclude: tuple[str, ...] = _NAMING) -> str:
     for key in UNHASHED_KEYS + tuple(k for k, v in HASHED_WHEN_NOT.items() if _get(d, k, v) == v):
         section, _, leaf = key.rpartition(".")
         _get(d, section, {}).pop(leaf, None)
+        while section and _get(d, section) == {}:   # a section emptied by the pops: as if it did not exist
+            parent, _, name = section.rpartition(".")
+            (_get(d, parent, {}) if parent else d).pop(name, None)
+            section = parent
     blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

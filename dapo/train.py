@@ -43,7 +43,8 @@ from dapo.rollout import make_rollout_engine, rollout_with_retry, round_seed
 from dapo.run_data import load_run_data
 from dapo.run_dir import hold_run_dir
 from dapo.tracking import mark_run_ended
-from dapo.update import NonFiniteError, Policy, build_policy, mean_metrics, old_policy_metrics, update_policy
+from dapo.update import (NonFiniteError, Policy, StepStats, build_policy, mean_metrics, old_policy_metrics,
+                         update_policy)
 from dapo.weight_sync import push_weights, release_engine
 
 __all__ = ["train", "run_dir_for", "main", "Timer"]
@@ -143,13 +144,18 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
         with timer("rollout"):
             batch = _rollouts(run, r)
         # 4. group advantages from the shaped reward: [N]
-        adv = algo.group_advantages(batch.rewards, eps=cfg.algo.adv_eps).reshape(-1)
+        adv = algo.group_advantages(batch.rewards, eps=cfg.algo.adv_eps, std=cfg.algo.advantage.std,
+                                    baseline=cfg.algo.advantage.baseline).reshape(-1)
         # 5. π_old log-probs [N, L] (skipped when one optimizer step uses the batch: π_old is then
         #    the update's own forward, see single_step_on_policy) and the loss mask [N, L]
-        #    (bypass: π_old := π_rollout, no pass) and the loss mask [N, L]
+        #    (bypass: π_old := π_rollout, no pass) and the loss mask [N, L]. With algo.top_entropy_quantile < 1
+        #    only the highest-entropy tokens of π_old stay in the loss mask (that needs π_old's forward, so it
+        #    is never skipped then, nor with a rollout correction).
         with timer("old_logprob"):
             rollout_lp = rollout_logprobs(batch)                                      # [N, L] log π_rollout
-            on_policy = single_step_on_policy(cfg, batch.num_groups) and cfg.algo.rollout_correction.mode == "none"
+            top_q = cfg.algo.top_entropy_quantile
+            on_policy = (single_step_on_policy(cfg, batch.num_groups) and top_q >= 1.0
+                         and cfg.algo.rollout_correction.mode == "none")
             if cfg.algo.old_logprobs == "rollout":
                 old_lp, ent, resp_mask = _need_rollout_lp(rollout_lp), None, response_mask(batch)
             else:
@@ -157,6 +163,11 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
                                           old_logprobs(policy.module, batch, cfg, policy.pad_id, policy.device,
                                                        policy.autocast, policy.rank, policy.world))
             loss_mask = response_loss_mask(resp_mask, batch.finished, cfg.algo.overlong.filter)
+            selection = {}
+            if top_q < 1.0:
+                before = float(loss_mask.sum())
+                loss_mask = loss_mask * algo.top_entropy_mask(ent, loss_mask, top_q)
+                selection = {StepStats.metric("entropy_kept_frac"): float(loss_mask.sum()) / max(before, 1.0)}
         # 5b. the behaviour policy: mismatch π_old vs π_rollout, and its correction (per-token Â·w, rejections)
         adv, loss_mask, mismatch = _behaviour(cfg, old_lp, rollout_lp, resp_mask, adv, loss_mask)
         # 6. μ optimizer steps (mini-batches × ppo_epochs), micro-batch accumulation: [μ] StepStats
@@ -172,7 +183,7 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
         with timer("eval"):
             ev = _evaluate(run, r) if (cfg.eval.every and r % cfg.eval.every == 0) or r == total else {}
         # 9. log (buffered; sent to MLflow right after the next checkpoint)
-        metrics = {**batch.stats, **ev, **mean_metrics(steps), **mismatch,
+        metrics = {**batch.stats, **ev, **mean_metrics(steps), **mismatch, **selection,
                    **({} if ent is None else old_policy_metrics(old_lp, ent, resp_mask)),
                    "train/grad_steps": len(steps), **timer.metrics()}
         gen_tok, train_tok = _tokens(batch, resp_mask, cfg)

@@ -8,6 +8,7 @@ optimizer step. Notation as in dapo.algo: N sequences, L response tokens, G resp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
@@ -121,6 +122,11 @@ class StepStats:
     kl: Optional[float] = _stat("mean", "tokens", optional=True)     # KL(π_θ ‖ π_ref), with algo.kl.coef > 0
     entropy: Optional[float] = _stat("mean", "resp_tokens", optional=True)          # only when the update
     token_prob_mean: Optional[float] = _stat("mean", "resp_tokens", optional=True)  # is π_old (single step)
+    # the policy-loss variants' own (algo.policy_loss; dapo.algo.VARIANT_METRICS), only with that variant
+    seq_clip_frac: Optional[float] = _stat("mean", "tokens", optional=True)     # gspo: sequence ratio clipped
+    weight_clip_frac: Optional[float] = _stat("mean", "tokens", optional=True)  # cispo: importance weight clipped
+    cov_selected_frac: Optional[float] = _stat("mean", "tokens", optional=True)  # clip_cov / kl_cov: tokens selected
+    entropy_kept_frac: Optional[float] = _stat(optional=True)   # algo.top_entropy_quantile < 1: loss tokens kept
 
     @staticmethod
     def metric(name: str) -> str:
@@ -186,19 +192,40 @@ def update_policy(policy: Policy, batch, old_logp: torch.Tensor | None, advantag
     """
     G, Bk, mbp = cfg.rollout.n, batch.num_groups, cfg.train.mini_batch_prompts
     gen = torch.Generator().manual_seed(shuffle_seed)
+    pick = torch.Generator().manual_seed(shuffle_seed + 1) if cfg.algo.policy_loss == "clip_cov" else None  # its draws
     out = []
     for _epoch in range(cfg.train.ppo_epochs):
         order = torch.randperm(Bk, generator=gen).tolist()
         for s in range(0, Bk, mbp):
             seqs = [b * G + g for b in order[s:s + mbp] for g in range(G)]            # global indices
-            out.append(_optimizer_step(policy, batch, seqs, old_logp, advantages, loss_mask, cfg))
+            out.append(_optimizer_step(policy, batch, seqs, old_logp, advantages, loss_mask, cfg, pick))
     return out
 
 
-def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, loss_mask, cfg: Config) -> StepStats:
+def loss_options(cfg: Config, generator: Optional[torch.Generator] = None) -> dict[str, Any]:
+    """``algo.policy_loss`` and its own keys, as keyword arguments of :func:`dapo.algo.policy_loss`."""
+    kind = cfg.algo.policy_loss
+    options = {} if kind == "ppo_clip" else dataclasses.asdict(getattr(cfg.algo, kind))
+    if kind == "clip_cov":
+        options["generator"] = generator
+    return {"kind": kind, "options": options}
+
+
+def group_counts(loss_mask: torch.Tensor, seqs: list[int], G: int) -> dict[str, Any]:
+    """``group_token_mean``'s counts over a mini-batch of whole groups (``seqs``, global indices of
+    groups of G consecutive rows): T_g of every row's group, [N], and K, the groups with a loss token."""
+    per_group = loss_mask.sum(-1).reshape(-1, G).sum(-1)                              # [B]
+    mine = sorted({i // G for i in seqs})
+    return {"group_tokens": per_group.repeat_interleave(G),
+            "num_groups": float((per_group[mine] > 0).sum().item())}
+
+
+def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, loss_mask, cfg: Config,
+                    pick: Optional[torch.Generator] = None) -> StepStats:
     """One mini-batch (sequences ``seqs``, all ranks together) → gradient accumulation → clip → AdamW."""
     num_tokens = float(loss_mask[seqs].sum().item())                                   # whole mini-batch
     num_seqs = float((loss_mask[seqs].sum(-1) > 0).sum().item())                      # filtered rows excluded
+    groups = group_counts(loss_mask, seqs, cfg.rollout.n) if cfg.algo.loss_agg == "group_token_mean" else None
     mine = length_sorted(seqs[p.rank::p.world], batch)
     p.optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = defaultdict(float)
@@ -206,7 +233,7 @@ def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, los
     real = pad_to_busiest(micro, seqs[:1], p.world)     # extra passes (weight 0) keep sharded ranks in step
     for k_micro, idx in enumerate(micro):
         totals = _micro_step(p, batch, idx, old_logp, advantages, loss_mask, cfg, num_tokens, num_seqs,
-                             weight=1.0 if k_micro < real else 0.0)
+                             weight=1.0 if k_micro < real else 0.0, groups=groups, pick=pick)
         for k, v in (totals.items() if k_micro < real else ()):
             sums[k] += v
     sums = _all_reduce_sum(dict(sums), p.world)
@@ -227,9 +254,11 @@ def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, los
 
 
 def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mask, cfg: Config,
-                num_tokens: float, num_seqs: float, weight: float = 1.0) -> dict[str, float]:
+                num_tokens: float, num_seqs: float, weight: float = 1.0, groups: Optional[dict] = None,
+                pick: Optional[torch.Generator] = None) -> dict[str, float]:
     """Forward + backward of sequences ``idx``; returns their weighted totals (keys in SUM_KEYS).
-    ``weight=0``: a pass that only keeps sharded ranks in step (no gradient contribution)."""
+    ``weight=0``: a pass that only keeps sharded ranks in step (no gradient contribution).
+    ``groups``: :func:`group_counts` of the mini-batch (``group_token_mean``); ``pick``: Clip-Cov's draws."""
     prompts, responses = [batch.prompt_ids[i] for i in idx], [batch.response_ids[i] for i in idx]
     opts = logit_options(cfg)                  # π = softmax(z / rollout.temperature), chunked over positions
     logits, tgt, rmask = response_logits(p.model, prompts, responses, p.pad_id, p.device, p.autocast)
@@ -239,11 +268,13 @@ def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mas
     old = logp.detach() if old_logp is None else old_logp[idx, :l].to(p.device)      # [n, l]
     agg, counts = cfg.algo.loss_agg, dict(num_tokens=num_tokens, num_seqs=num_seqs,   # whole mini-batch
                                           norm_const=cfg.rollout.max_new_tokens)   # C of seq_mean_token_sum_const
+    if groups is not None:                                                             # group_token_mean: T_g, K
+        counts.update(group_tokens=groups["group_tokens"][idx].to(p.device), num_groups=groups["num_groups"])
     adv = advantages[idx].to(p.device)                                                # [n] or [n, L] (a correction's Â·w)
     adv = adv[:, :l] if adv.dim() == 2 else adv
     loss, met = algo.policy_loss(logp, old, adv, m, eps_low=cfg.algo.clip.eps_low,
                                  eps_high=cfg.algo.clip.eps_high, dual_clip_c=cfg.algo.clip.dual_clip_c,
-                                 agg=agg, **counts)
+                                 agg=agg, **counts, **loss_options(cfg, pick))
     if cfg.algo.kl.coef > 0 and p.ref_model is not None:
         with torch.no_grad():
             ref_logits, ref_tgt, _ = response_logits(p.ref_model, prompts, responses, p.pad_id, p.device, p.autocast)

@@ -145,7 +145,16 @@ def reference_aggregate(values, mask, mode):
         return sum(sum(s) for s in nonempty) / len(nonempty)
     if mode == "seq_mean_token_sum_const":
         return sum(tokens) / (len(nonempty) * len(vals[0]))
+    if mode == "group_token_mean":  # groups of two consecutive rows (group_kw)
+        groups = [seqs[i] + seqs[i + 1] for i in range(0, len(seqs), 2)]
+        groups = [g for g in groups if g]
+        return sum(sum(g) / len(g) for g in groups) / len(groups)
     raise AssertionError(mode)
+
+
+def group_kw(mode, n):
+    """group_token_mean needs the group of each row: two consecutive rows per group."""
+    return {"groups": torch.arange(n) // 2} if mode == "group_token_mean" else {}
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -154,7 +163,7 @@ def test_aggregate_reference(seed, mode):
     gen = torch.Generator().manual_seed(seed)
     values = torch.randn(6, 9, generator=gen, dtype=torch.float64)
     mask = ragged_mask(6, 9, gen, empty_rows=(seed % 6,))
-    got = algo.aggregate(values, mask, mode).item()
+    got = algo.aggregate(values, mask, mode, **group_kw(mode, 6)).item()
     assert got == pytest.approx(reference_aggregate(values, mask, mode), rel=1e-12)
 
 
@@ -164,14 +173,14 @@ def test_aggregate_ignores_garbage_and_empty(mode):
     values = HAND_VALUES.clone()
     values[0, 3], values[1, 1], values[1, 2] = float("nan"), float("inf"), -float("inf")
     values.requires_grad_()
-    out = algo.aggregate(values, HAND_MASK, mode)
+    out = algo.aggregate(values, HAND_MASK, mode, **group_kw(mode, 2))
     out.backward()
-    assert out.item() == pytest.approx(algo.aggregate(HAND_VALUES, HAND_MASK, mode).item())
+    assert out.item() == pytest.approx(algo.aggregate(HAND_VALUES, HAND_MASK, mode, **group_kw(mode, 2)).item())
     assert torch.isfinite(values.grad).all() and (values.grad[HAND_MASK == 0] == 0).all()
     # everything masked -> 0 (not NaN), with a zero gradient
     empty = torch.zeros_like(HAND_MASK)
     v = HAND_VALUES.clone().requires_grad_()
-    out = algo.aggregate(v, empty, mode)
+    out = algo.aggregate(v, empty, mode, **group_kw(mode, 2))
     out.backward()
     assert out.item() == 0.0 and torch.equal(v.grad, torch.zeros_like(v))
 
@@ -395,7 +404,12 @@ def accumulated_grad(n_micro, mask, agg, global_counts):
     weight, ids, _, old, adv = tiny_policy_batch()
     weight.requires_grad_()
     counts = {"num_tokens": mask.sum(), "num_seqs": (mask.sum(-1) > 0).sum()} if global_counts else {}
+    groups = torch.arange(N_ROWS) // 2                                     # two rows per group
+    per_group = torch.zeros(N_ROWS // 2, dtype=mask.dtype).index_add_(0, groups, mask.sum(-1))
     for rows in torch.arange(N_ROWS).chunk(n_micro):
+        if agg == "group_token_mean":   # the step's per-group token counts, or this call's groups
+            counts = ({"group_tokens": per_group[groups[rows]], "num_groups": (per_group > 0).sum()}
+                      if global_counts else {"groups": groups[rows] - groups[rows].min()})
         logits = weight[ids[rows, :-1]]  # [n, L, V]
         logp = algo.logprobs_from_logits(logits, ids[rows, 1:], chunk_size=7)
         loss, _ = algo.policy_loss(logp, old[rows], adv[rows], mask[rows], eps_low=EPS_LOW,

@@ -135,17 +135,18 @@ def _random_batch(G=4, B=4, seed=0):
                         torch.zeros(B, G))
 
 
-def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0, budget=None, chunk=None, wrap=None, drop=()):
+def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0, budget=None, chunk=None, wrap=None, drop=(),
+                extra=None):
     """One optimizer step of a tiny policy on a fixed batch: (StepStats list, parameter deltas).
     ``wrap``: e.g. DistributedDataParallel, for the update to go through (rank ``rank`` of ``world``).
-    ``drop``: rows whose loss mask is zeroed (overlong-filtered responses)."""
+    ``drop``: rows whose loss mask is zeroed (overlong-filtered responses); ``extra``: more config overrides."""
     from dapo import algo
     cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4,
                   "train.micro_batch_seqs": micro, "algo.loss_agg": agg, "train.lr": 1e-2,
                   "launch.num_processes": world,
                   "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false",
                   **({} if budget is None else {"train.max_tokens_per_micro_batch": budget}),
-                  **({} if chunk is None else {"train.logits_chunk_tokens": chunk})})
+                  **({} if chunk is None else {"train.logits_chunk_tokens": chunk}), **(extra or {})})
     model = _tiny_policy(seed)
     batch = _random_batch()
     old, _, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
