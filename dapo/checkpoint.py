@@ -80,12 +80,15 @@ def _sharded(model: torch.nn.Module) -> bool:
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any],
-                    keep_last: int = 2) -> Path:
+                    keep_last: int = 2, extra: dict[str, Any] | None = None) -> Path:
     """Write checkpoint ``step`` atomically and delete all but the newest ``keep_last``.
 
     Refuses (CheckpointError) to write non-finite weights. A sharded model: every rank
-    calls this (see the module docstring).
+    calls this (see the module docstring). ``extra``: more tensors to keep with the optimizer state
+    (one process only; :func:`load_extra` reads them back), e.g. the lagged weights of ``train.staleness``.
     """
+    if extra and _sharded(model):
+        raise CheckpointError("extra checkpoint tensors are for one-process runs only")
     if _sharded(model):
         return _save_sharded(Path(run_dir), step, model=model, optimizer=optimizer, scheduler=scheduler,
                              state=state, keep_last=keep_last)
@@ -104,7 +107,7 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: torch.nn.Mo
         faults.kill_point("KILL_IN_CHECKPOINT", step)   # test hook: die with the checkpoint half written
         torch.save({"optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                    "rng": rng_state()}, tmp / "optim.pt")
+                    "rng": rng_state(), **({"extra": extra} if extra else {})}, tmp / "optim.pt")
         (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
         _publish(root, tmp, final, step)
     except Exception as exc:  # OSError (full disk, read-only), or torch's RuntimeError wrapping one
@@ -247,6 +250,12 @@ def load_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module,
     if restore_rng:
         set_rng_state(extra["rng"])
     return state
+
+
+def load_extra(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``extra`` tensors :func:`save_checkpoint` kept with checkpoint ``path`` ({} if none)."""
+    p = Path(path) / "optim.pt"
+    return _load_extra(p).get("extra") or {} if p.is_file() else {}
 
 
 def _load_sharded(path: Path, *, model, optimizer, scheduler, restore_rng: bool) -> dict[str, Any]:

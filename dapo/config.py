@@ -231,6 +231,10 @@ class TrainConfig:
     grad_clip: float = doc("max global gradient norm (the paper: 1.0)", 1.0)
     nonfinite: Literal["skip", "stop"] = doc("NaN/inf loss or gradient: skip the optimizer step, or stop the run", "skip")
     threads: Optional[int] = doc("torch CPU threads (None = all cores)", None)
+    staleness: int = doc("k: the rollouts of step r are sampled with the weights after update r-1-k (the "
+                         "initial ones before that), deterministically (dapo.staleness); 0 = on-policy, as the paper. "
+                         "pi_old stays the trainer's (decoupled: algo.rollout_correction weighs the lag) unless "
+                         "algo.old_logprobs=rollout (bypass)", 0)
 
 
 @dataclass(frozen=True)
@@ -484,6 +488,9 @@ def _check_ranges(cfg: Config, where: str) -> None:
          t.micro_batch_seqs, f"must divide the sequences per mini-batch per process "
          f"({per_rank // cfg.launch.num_processes})")
     need(t.ppo_epochs >= 1, "train.ppo_epochs", t.ppo_epochs, "must be >= 1")
+    need(t.staleness >= 0, "train.staleness", t.staleness, "must be >= 0")
+    need(t.staleness == 0 or (cfg.launch.num_processes == 1 and cfg.launch.num_nodes == 1), "train.staleness",
+         t.staleness, "> 0 runs on one process only for now (the lagged weights are kept whole, not sharded)")
     need(t.lr > 0, "train.lr", t.lr, "must be > 0")
     need(t.warmup_grad_steps >= 0, "train.warmup_grad_steps", t.warmup_grad_steps, "must be >= 0")
     need(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must be >= 0")
@@ -707,7 +714,7 @@ UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep
                  "train.logits_chunk_tokens", "launch.pg_timeout_s")
 # Keys added after runs existed that do change the numbers: hashed only when they differ from the value
 # below (the behaviour before they existed), so every older run id stays valid.
-HASHED_WHEN_NOT = {"data.train_skip": 0, "train.max_tokens_per_micro_batch": None}
+HASHED_WHEN_NOT = {"data.train_skip": 0, "train.max_tokens_per_micro_batch": None, "train.staleness": 0}
 
 
 def _defaults(cls: type, prefix: str) -> dict[str, Any]:

@@ -180,8 +180,9 @@ def make_rollout_engine(cfg: Config, model_path, device: torch.device, trainer_m
     elif world > 1:
         raise ValueError(f"rollout.engine={cfg.rollout.engine!r} cannot split generation over {world} processes "
                          f"(it generates with the sharded trainer model); use rollout.engine=vllm")
+    # with train.staleness the transformers engine keeps its own copy (it samples with lagged weights)
     engine = make_engine(cfg.rollout.engine, model_path, dtype=rdtype, seed=cfg.train.seed,
-                         trainer_model=trainer_model, **kw)
+                         trainer_model=None if cfg.train.staleness else trainer_model, **kw)
     return RankShardedEngine(engine, rank=rank, world=world,
                              tensor_parallel_size=cfg.rollout.tensor_parallel_size if world > 1 else 1)
 

@@ -91,6 +91,7 @@ class Run:
     uri: str
     log: Callable[..., None]
     engine: Any = None                    # this rank's engine, driven as the job's (RankShardedEngine)
+    lagged: Any = None                    # dapo.staleness.LaggedWeights with train.staleness > 0
     t_start: float = field(default_factory=time.time)
     t_loop: float = 0.0                   # when this attempt's loop started
     wall_prev: float = 0.0                # loop seconds of the attempts before it (from the checkpoint)
@@ -142,6 +143,7 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
         timer = Timer()
         # 1-3. sample prompts, generate G each, score, shape, dynamic sampling: B kept groups, N = B·G
         with timer("rollout"):
+            offpolicy = _push_lagged(run, r)      # train.staleness = k: the engine samples with θ of update r-1-k
             batch = _rollouts(run, r)
         # 4. group advantages from the shaped reward: [N]
         adv = algo.group_advantages(batch.rewards, eps=cfg.algo.adv_eps, std=cfg.algo.advantage.std,
@@ -174,16 +176,20 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
         with timer("train"):
             steps = _update(run, batch, old_lp, adv, loss_mask, r)
         state["grad_step"] += len(steps)
+        if run.lagged is not None:
+            run.lagged.record(r, policy.module)
         faults.kill_point("KILL_AT_STEP", r)      # test hook: die after the update, before the checkpoint
-        # 7. weight sync into the rollout engine
+        # 7. weight sync into the rollout engine (with staleness only before an evaluation: the next
+        #    rollouts get their lagged weights at the step's start)
+        evaluating = bool(cfg.eval.every and r % cfg.eval.every == 0) or r == total
         with timer("sync"):
-            if run.engine is not None:
+            if run.engine is not None and (run.lagged is None or evaluating):
                 push_weights(policy, run.engine)
         # 8. evaluation every eval.every rollout steps and at the end
         with timer("eval"):
-            ev = _evaluate(run, r) if (cfg.eval.every and r % cfg.eval.every == 0) or r == total else {}
+            ev = _evaluate(run, r) if evaluating else {}
         # 9. log (buffered; sent to MLflow right after the next checkpoint)
-        metrics = {**batch.stats, **ev, **mean_metrics(steps), **mismatch, **selection,
+        metrics = {**batch.stats, **ev, **mean_metrics(steps), **mismatch, **selection, **offpolicy,
                    **({} if ent is None else old_policy_metrics(old_lp, ent, resp_mask)),
                    "train/grad_steps": len(steps), **timer.metrics()}
         gen_tok, train_tok = _tokens(batch, resp_mask, cfg)
@@ -215,6 +221,28 @@ def _rollouts(run: Run, r: int):
         run.log(f"step {r}: prompts generated per engine ({run.engine.tp} rank(s) each): {shares}")
     release_engine(run.engine)
     return batch
+
+
+def _lagged_weights(cfg: Config, run_dir: Path, state: dict, policy: Policy):
+    """train.staleness = k: the kept weights, from the checkpoint resumed (else the initial ones, version 0)."""
+    from dapo.checkpoint import load_extra
+    from dapo.staleness import LaggedWeights
+    lagged = LaggedWeights(cfg.train.staleness)
+    ckpt = latest_checkpoint(run_dir) if state["rollout_step"] > 0 else None
+    if ckpt is not None:
+        lagged.load_state_dict(load_extra(ckpt)["lagged"])
+    else:
+        lagged.record(0, policy.module)
+    return lagged
+
+
+def _push_lagged(run: Run, r: int) -> dict[str, float]:
+    """Before step r's rollouts with train.staleness = k: push the weights of update r-1-k; the lag, logged."""
+    if run.lagged is None:
+        return {}
+    v, weights = run.lagged.for_step(r)
+    run.engine.update_weights(weights.items())
+    return {"offpolicy/staleness": float(r - 1 - v)}
 
 
 def _need_rollout_lp(rollout_lp):
@@ -294,7 +322,8 @@ def _checkpoint(run: Run, r: int) -> None:
                      sampler=run.sampler.state_dict(), wall_s=run.wall_s())
     if run.is_main or p.world > 1:
         save_checkpoint(run.run_dir, r, model=p.module, optimizer=p.optimizer, scheduler=p.scheduler,
-                        state=run.state, keep_last=run.cfg.checkpoint.keep_last)
+                        state=run.state, keep_last=run.cfg.checkpoint.keep_last,
+                        extra={"lagged": run.lagged.state_dict()} if run.lagged is not None else None)
     if run.is_main:
         faults.kill_point("KILL_AFTER_CHECKPOINT", r)   # test hook: checkpointed, not yet flushed
     run.tracker.flush()                                   # ranks > 0: a disabled tracker drops its copy
@@ -329,6 +358,8 @@ def _start_run(cfg: Config, run_dir: Path, tags: dict[str, str] | None) -> Run:
     run = Run(cfg, run_dir, dist_info, policy, tokenizer, model_path, sampler, prompt_tokens, eval_sets,
               state, tracker, uri, log, t_start=t_start)
     # every rank builds its engine at the same time (vLLM's groups span all ranks)
+    if cfg.train.staleness:
+        run.lagged = _lagged_weights(cfg, run_dir, state, policy)
     run.engine = make_rollout_engine(cfg, model_path, policy.device, policy.module, rank=policy.rank,
                                      world=policy.world)
     if state["rollout_step"] > 0 or cfg.rollout.engine == "vllm":
