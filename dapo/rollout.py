@@ -152,6 +152,9 @@ def _assemble(kept: list[tuple[list[int], list[Any], torch.Tensor]], cfg: Config
              "rollout/overlong_penalty_mean": penalty.mean().item() if kept else math.nan,
              "rollout/response_len_mean": float(np.mean(lengths)) if lengths else math.nan,
              "rollout/response_len_max": float(np.max(lengths)) if lengths else math.nan,
+             "rollout/reward_std": (score + penalty).std(unbiased=False).item() if kept else math.nan,
+             "rollout/finished_len_mean": (float(np.mean([n for n, f in zip(lengths, finished) if f]))
+                                           if any(finished) else math.nan),
              "rollout/truncated_frac": (~finished_t).float().mean().item() if kept else math.nan}
     rollout_lp = lps if lps and all(lp is not None and len(lp) == len(r) for lp, r in zip(lps, response_ids)) \
         else None

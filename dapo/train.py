@@ -172,6 +172,7 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
                 selection = {StepStats.metric("entropy_kept_frac"): float(loss_mask.sum()) / max(before, 1.0)}
         # 5b. the behaviour policy: mismatch π_old vs π_rollout, and its correction (per-token Â·w, rejections)
         adv, loss_mask, mismatch = _behaviour(cfg, old_lp, rollout_lp, resp_mask, adv, loss_mask)
+        mismatch.update(_advantage_stats(adv, loss_mask))
         # 6. μ optimizer steps (mini-batches × ppo_epochs), micro-batch accumulation: [μ] StepStats
         with timer("train"):
             steps = _update(run, batch, old_lp, adv, loss_mask, r)
@@ -243,6 +244,16 @@ def _push_lagged(run: Run, r: int) -> dict[str, float]:
     v, weights = run.lagged.for_step(r)
     run.engine.update_weights(weights.items())
     return {"offpolicy/staleness": float(r - 1 - v)}
+
+
+def _advantage_stats(adv: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:
+    """``rollout/adv_abs_mean`` (mean |Â|) and ``rollout/adv_zero_frac`` (Â = 0) over the loss tokens."""
+    a = (adv[:, None] if adv.dim() == 1 else adv).expand_as(loss_mask)
+    n = float(loss_mask.sum())
+    if n == 0:
+        return {}
+    return {"rollout/adv_abs_mean": float((a.abs() * loss_mask).sum()) / n,
+            "rollout/adv_zero_frac": float(((a == 0).float() * loss_mask).sum()) / n}
 
 
 def _need_rollout_lp(rollout_lp):

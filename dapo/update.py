@@ -126,6 +126,7 @@ class StepStats:
     seq_clip_frac: Optional[float] = _stat("mean", "tokens", optional=True)     # gspo: sequence ratio clipped
     weight_clip_frac: Optional[float] = _stat("mean", "tokens", optional=True)  # cispo: importance weight clipped
     cov_selected_frac: Optional[float] = _stat("mean", "tokens", optional=True)  # clip_cov / kl_cov: tokens selected
+    dual_clip_frac: Optional[float] = _stat("mean", "tokens", optional=True)   # algo.clip.dual_clip_c set: Â < 0 capped
     entropy_kept_frac: Optional[float] = _stat(optional=True)   # algo.top_entropy_quantile < 1: loss tokens kept
 
     @staticmethod
@@ -275,6 +276,8 @@ def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mas
     loss, met = algo.policy_loss(logp, old, adv, m, eps_low=cfg.algo.clip.eps_low,
                                  eps_high=cfg.algo.clip.eps_high, dual_clip_c=cfg.algo.clip.dual_clip_c,
                                  agg=agg, **counts, **loss_options(cfg, pick))
+    if cfg.algo.clip.dual_clip_c is None:
+        met.pop("dual_clip_frac", None)        # logged only when the dual clip is on
     if cfg.algo.kl.coef > 0 and p.ref_model is not None:
         with torch.no_grad():
             ref_logits, ref_tgt, _ = response_logits(p.ref_model, prompts, responses, p.pad_id, p.device, p.autocast)
