@@ -331,6 +331,29 @@ def step_time(cfg: Config, shape: ModelShape, a: Assumptions = Assumptions()) ->
             "step_s": gen_s + update_s + sync_s}
 
 
+def overlapped_step_time(cfg: Config, shape: ModelShape, a: Assumptions = Assumptions()) -> Optional[dict[str, float]]:
+    """The one-step-off layout, priced (not built; ``train.staleness=1`` is its deterministic reference):
+    g of the G GPUs generate step r + 1 while the other G − g update on step r, so a step takes
+    max(generation on g, update on G − g) + the weight sync. g runs over whole nodes (whole tensor-parallel
+    engines on one node), and the fastest split is returned: {gen_gpus, train_gpus, generation_s, update_s,
+    sync_s, step_s}; None with fewer than two such units. Generation keeps its floor (one full-length
+    response at ``seq_decode_tps``), which is why it pays: colocated, every GPU waits for that tail. Pure."""
+    base = step_time(cfg, shape, a)
+    L, r = cfg.launch, cfg.rollout
+    gpus = L.num_nodes * L.num_processes
+    unit = L.num_processes if L.num_nodes > 1 else max(r.tensor_parallel_size, 1)
+    best = None
+    for g in range(unit, gpus, unit):
+        per_round = base["generated_tokens"] / a.rounds
+        gen_s = a.rounds * max(per_round / (g * a.decode_tps(shape.params)), r.max_new_tokens / a.seq_decode_tps)
+        update_s = base["update_flop"] / ((gpus - g) * a.peak_tflops * 1e12 * a.mfu)
+        step = max(gen_s, update_s) + base["sync_s"]
+        if best is None or step < best["step_s"]:
+            best = {"gen_gpus": g, "train_gpus": gpus - g, "generation_s": gen_s, "update_s": update_s,
+                    "sync_s": base["sync_s"], "step_s": step}
+    return best
+
+
 # --------------------------------------------------------------------------- output
 def render(plan: Plan, times: dict[str, float], a: Assumptions, where: str) -> list[str]:
     cfg, s, r, L = plan.cfg, plan.shape, plan.cfg.rollout, plan.cfg.launch
@@ -373,6 +396,19 @@ def render(plan: Plan, times: dict[str, float], a: Assumptions, where: str) -> l
             f"= {t['step_s'] * cfg.train.rollout_steps / 3600 * plan.gpus:,.0f} GPU-hours (eval and checkpoints not counted)",
             "", "assumptions: " + ", ".join(f"{f.name}={getattr(a, f.name)}" for f in dataclasses.fields(a))]
     return out
+
+
+def render_overlapped(o: Optional[dict[str, float]], times: dict[str, float]) -> list[str]:
+    """``--layout overlapped``: the priced one-step-off split beside today's colocated step."""
+    out = ["", "## Overlapped layout (one-step-off; priced, not built: train.staleness=1 is its reference)"]
+    if o is None:
+        return out + ["  needs at least two nodes (or two tensor-parallel engines on one node) to split"]
+    return out + [
+        f"  {o['gen_gpus']} GPUs generate step r+1 while {o['train_gpus']} update on step r: generation "
+        f"{o['generation_s']:.0f} s, update {o['update_s']:.0f} s, weight sync {o['sync_s']:.1f} s",
+        f"  {o['step_s']:8.0f}  step (colocated, today: {times['step_s']:.0f} s; ×{times['step_s'] / o['step_s']:.2f})",
+        "  the rollouts are then one update old: their effect on the result is what train.staleness=1 measures;",
+        f"  the memory above is the colocated layout's: the update's shards over {o['train_gpus']} GPUs are not checked"]
 
 
 def verdict(plan: Plan) -> str:
@@ -444,6 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("experiment", help="experiment YAML")
     p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides")
     p.add_argument("--cluster", required=True, help="cluster profile: slurm/NAME.yaml or a path (needs gpu_memory_gib)")
+    p.add_argument("--layout", choices=["colocated", "overlapped"], default="colocated",
+                   help="also price the one-step-off layout (generation beside the update, on separate GPUs)")
     d = Assumptions()
     for f in dataclasses.fields(Assumptions):
         p.add_argument("--" + f.name.replace("_", "-"), type=float, default=getattr(d, f.name),
@@ -463,7 +501,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     where = f"{a.experiment}{' ' + ' '.join(a.overrides) if a.overrides else ''} on {profile.name}"
-    print("\n".join(render(plan, step_time(cfg, plan.shape, assume), assume, where)))
+    times = step_time(cfg, plan.shape, assume)
+    print("\n".join(render(plan, times, assume, where)))
+    if a.layout == "overlapped":
+        print("\n".join(render_overlapped(overlapped_step_time(cfg, plan.shape, assume), times)))
     print(verdict(plan))
     return 0 if plan.failure is None else 1
 

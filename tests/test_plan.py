@@ -257,3 +257,20 @@ def test_setup_refuses_an_unknown_machine_kind(tmp_path):
                        env={"PATH": "/usr/bin:/bin", "DAPO_SETUP_KIND": "tpu", "VENV": str(tmp_path / "venv")})
     assert p.returncode == 2 and "DAPO_SETUP_KIND=tpu: expected cpu or cuda" in p.stderr
     assert not (tmp_path / "venv").exists()
+
+
+def test_the_overlapped_layout_is_priced_by_hand():
+    """One-step-off: g GPUs generate while G − g update; the step is the slower side plus the sync, g in
+    whole nodes (8 GPUs here), the fastest split chosen."""
+    cfg = load_config(EXP32)
+    shape = plan.model_shape(cfg.model.path)
+    t, o = plan.step_time(cfg, shape), plan.overlapped_step_time(cfg, shape)
+    a = plan.Assumptions()
+    def step(g):
+        gen = max(t["generated_tokens"] / (g * a.decode_tps(shape.params)), 20480 / 40)
+        return max(gen, t["update_flop"] / ((128 - g) * 989e12 * 0.35)) + t["sync_s"]
+    best = min(range(8, 128, 8), key=step)
+    assert o["gen_gpus"] == best and o["train_gpus"] == 128 - best and o["step_s"] == pytest.approx(step(best))
+    assert o["step_s"] < t["step_s"]                              # the generation tail no longer idles the trainer
+    one = load_config(EXP32, ["launch.num_nodes=1", "rollout.tensor_parallel_size=8"])
+    assert plan.overlapped_step_time(one, shape) is None           # one 8-GPU engine: nothing to split
