@@ -112,6 +112,60 @@ def resolve_target(spec: str, step: int | None) -> Target:
 # --------------------------------------------------------------------------- arguments
 
 
+def _step_arg(text: str) -> int | str:
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a step number or 'all', got {text!r}") from None
+
+
+def curve_markdown(rows: list[tuple[int, dict[str, Any]]]) -> str:
+    """curve.md of ``--step all``: per eval set, avg@k (bootstrap interval), pass@k and maj@k at k = n by step.
+    rows: [(step, eval.json dict)] in step order."""
+    req = rows[0][1]["request"]
+    k = req["k"]
+    lines = [f"# dapo eval --step all: {req['target']}", "",
+             f"Protocol `{req['protocol']}`, k = {k}, temperature {req['temperature']}, top_p {req['top_p']}; one "
+             f"evaluation per kept checkpoint (step 0: the starting model), each in step<S>/.", ""]
+    for name in rows[0][1]["sets"]:
+        lines += [f"## {name}", "", f"| rollout step | avg@{k} (%) [95% bootstrap over problems] | pass@{k} (%) | "
+                  f"maj@{k} (%) |", "|---|---|---|---|"]
+        for step, res in rows:
+            s = res["sets"][name]
+            avg, pk, mk = s["avg_at_k"], s["pass_at_k"], s["maj_at_k"]
+            last = str(k) if str(k) in pk else k
+            lines.append(f"| {step} | {100 * avg['value']:.2f} [{100 * avg['interval'][0]:.2f}, "
+                         f"{100 * avg['interval'][1]:.2f}] | {100 * pk[last]:.2f} | {100 * mk[last]:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _all_steps(a: argparse.Namespace, argv: list[str]) -> int:
+    """``--step all``: ``dapo eval RUN --step S --to OUT/stepS`` for step 0 and every kept checkpoint (one
+    process each: each resumable on its own), then ``OUT/curve.md``."""
+    import subprocess
+    p = Path(a.target)
+    if not (p.is_dir() and _is_run_dir(p)):
+        print(f"error: --step all needs a run dir as TARGET, not {a.target!r}", file=sys.stderr)
+        return 2
+    out = Path(a.to) if a.to else p / "evals" / "all"
+    rest = [x for i, x in enumerate(argv) if x not in ("--step", "all", "--to") and not (i and argv[i - 1] == "--to")
+            and not x.startswith(("--step=", "--to="))]
+    rows = []
+    for step in [0, *_steps(p)]:
+        rc = subprocess.call([sys.executable, "-m", "dapo.cli", "eval", *rest, "--step", str(step),
+                              "--to", str(out / f"step{step}")])
+        if rc != 0:
+            return rc
+        rows.append((step, json.loads((out / f"step{step}" / "eval.json").read_text())))
+    _write_text(out / "curve.md", curve_markdown(rows))
+    print(curve_markdown(rows), end="")
+    print(f"[dapo] {out}/curve.md")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dapo eval", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
@@ -119,7 +173,9 @@ def parser() -> argparse.ArgumentParser:
                     "avg@k, pass@k and maj@k curves, per-sample records. Resumable (rerun the same command).")
     p.add_argument("target", help="run dir, checkpoint dir, model dir, or model name (preset, mini-base-v2, hub id)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (e.g. eval.max_new_tokens=64)")
-    p.add_argument("--step", type=int, help="a run's checkpoint step (default: the latest; 0 = the starting model)")
+    p.add_argument("--step", type=_step_arg, help="a run's checkpoint step (default: the latest; 0 = the starting "
+                   "model; all = step 0 and every kept checkpoint, each into --to/step<S>, and curve.md: the run's "
+                   "curve, as the paper's Fig. 1 draws it)")
     p.add_argument("--sets", help="comma-separated eval sets (default: the run's eval.datasets / the config's)")
     p.add_argument("--limit", type=int, help="first N problems of each set")
     p.add_argument("--protocol", choices=sorted(PROTOCOLS), help="sampling settings (default: run for a run "
@@ -418,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         print(parser().format_usage() + EXAMPLES, file=sys.stderr)
         return 2
     a = parser().parse_intermixed_args(argv)
+    if a.step == "all":
+        return _all_steps(a, argv)
     try:
         target = resolve_target(a.target, a.step)
         cfg, request = _settings(a, target)

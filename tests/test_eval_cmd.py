@@ -166,6 +166,15 @@ def test_eval_of_a_checkpoint_reproduces_the_logged_evaluation_and_resumes_after
                for r in again if r["set"] == "arith-fresh")
     p = _cli(*two)
     assert p.returncode == 0 and "already done" in p.stdout
+    # every kept checkpoint and the start, as the paper's Fig. 1 draws a run: the logged curve again
+    p = _cli("eval", str(run), "--step", "all", "--no-mlflow", "--to", str(tmp_path / "all"))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    curve = (tmp_path / "all" / "curve.md").read_text()
+    for step in (0, 1, 2):
+        res = json.loads((tmp_path / "all" / f"step{step}" / "eval.json").read_text())
+        got = res["sets"]["arith-eval"]["metrics"]["eval/arith-eval/avg_at_2"]
+        assert got == logged[{0: 0, 1: grad_step, 2: 2 * grad_step}[step]], step
+        assert f"| {step} | {100 * got:.2f} [" in curve
 
 
 def test_dapo_runs_samples_prints_the_latest_evaluation(tmp_path, capsys):
