@@ -47,7 +47,7 @@ from .learning import LEARNING_NOTE, format_learning, learning_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
 from .eval_noise import noise_section, noise_table, problems_from_runs
 from .samples import load_samples, passk_section, passk_curves, samples_from_runs, samples_section
-from .runs import SweepInfo, load_problems, load_runs, load_snapshot, merge_snapshot, read_meta, snapshot
+from .runs import SnapshotError, SweepInfo, load_problems, load_runs, load_snapshot, merge_snapshot, read_meta, snapshot
 from .metric_names import primary_metric
 from .stats import BAND_METHOD
 from .tables import (COST_NOTE, compare_table, cost_ledger, decision_rule, family_table, format_cost, format_family,
@@ -366,6 +366,9 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
         parser.error("--formats must start with png (the report embeds the PNGs)")
     if args.reading and not Path(args.reading).is_file():
         parser.error(f"--reading {args.reading}: no such file")
+    if args.final_k is not None and args.final_k < 1:
+        raise InputError(f"--final-k {args.final_k}: expected an integer >= 1 (the number of last evaluations "
+                         f"a run's final value is the mean of)")
     if sweep_info is None and args.spec:
         from dapo.config import ConfigError
         try:
@@ -385,9 +388,18 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
             problems = load_problems(snap_dir)
             samples = load_samples(snap_dir)
             meta = read_meta(snap_dir)
+        except SnapshotError as exc:       # reads, but a report from it would be wrong
+            raise InputError(f"snapshot {exc}") from None
         except (OSError, ValueError, KeyError, TypeError) as exc:   # corrupt parquet/json, a missing file
             raise InputError(f"snapshot {snap_dir} is unreadable: {type(exc).__name__}: "
                              f"{str(exc).splitlines()[0][:300] if str(exc) else ''}") from None
+        if sweep_info is not None:      # a spec given: the snapshot must be of that sweep
+            names, source = (({snap_sweep.name}, "its sweep.json") if snap_sweep is not None
+                             else (set(tidy["sweep"]) - {""}, "its runs' sweep column"))
+            if names and sweep_info.name not in names:
+                raise InputError(f"snapshot {snap_dir} is of sweep {', '.join(map(repr, sorted(names)))} ({source}), "
+                                 f"not of {args.spec or 'the given sweep'} ({sweep_info.name!r}); give that "
+                                 f"sweep's spec, or no spec")
         sweep = sweep_info or snap_sweep or infer_sweep_info(tidy, configs, name)
         out = Path(args.to) if args.to else Path(snap_dir).resolve().parent
     else:
@@ -412,7 +424,10 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
         for d in args.with_snapshot:
             if not (Path(d) / "runs.parquet").exists():
                 raise InputError(f"--with-snapshot {d}: no snapshot there (runs.parquet missing)")
-            tidy, configs, rec = merge_snapshot(tidy, configs, d, arm_of=arm_of, sweep_name=name)
+            try:
+                tidy, configs, rec = merge_snapshot(tidy, configs, d, arm_of=arm_of, sweep_name=name)
+            except SnapshotError as exc:
+                raise InputError(f"--with-snapshot {exc}") from None
             merged.append(rec)
             earlier.append(load_problems(d))
             print(f"[figures] {rec['n_runs']} runs added from {d} (commit {rec['commit']})", file=sys.stderr)

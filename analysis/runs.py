@@ -49,6 +49,7 @@ from dapo.sweep_spec import KINDS as SWEEP_KINDS
 __all__ = [
     "ArmInfo", "SweepInfo", "TIDY_COLUMNS", "load_runs", "snapshot", "load_snapshot", "merge_snapshot",
     "arm_order", "normalize_tidy", "read_meta", "PROBLEM_COLUMNS", "normalize_problems", "load_problems",
+    "SnapshotError", "check_tidy",
 ]
 
 log = logging.getLogger(__name__)
@@ -419,10 +420,36 @@ def snapshot(tidy: pd.DataFrame, configs: dict[str, dict], sweep_info: SweepInfo
     return out
 
 
+class SnapshotError(ValueError):
+    """A snapshot that reads but cannot make a report: a needed column missing or empty, no rows."""
+
+
+SNAPSHOT_NOT_NULL = ["run", "arm", "seed", "grad_step", "metric"]
+"""Columns of ``runs.parquet`` no row may leave empty (a report groups by them)."""
+
+
+def check_tidy(raw: pd.DataFrame, where: str) -> None:
+    """Raise :class:`SnapshotError` unless ``raw`` (a ``runs.parquet`` as read) has every column of
+    :data:`TIDY_COLUMNS`, at least one row, and no empty value in :data:`SNAPSHOT_NOT_NULL`."""
+    missing = [c for c in TIDY_COLUMNS if c not in raw.columns]
+    if missing:
+        raise SnapshotError(f"{where} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                            f"(a snapshot has {', '.join(TIDY_COLUMNS)})")
+    if raw.empty:
+        raise SnapshotError(f"{where} holds no logged points")
+    for c in SNAPSHOT_NOT_NULL:
+        n = int(raw[c].isna().sum()) + (int((raw[c].astype(str) == "").sum()) if raw[c].dtype == object else 0)
+        if n:
+            raise SnapshotError(f"{where}: column {c} is empty in {n} of {len(raw)} rows")
+
+
 def load_snapshot(snapshot_dir: str | Path) -> tuple[pd.DataFrame, dict[str, dict], SweepInfo | None]:
-    """``(tidy, configs, sweep_info)`` exactly as they were given to :func:`snapshot`."""
+    """``(tidy, configs, sweep_info)`` exactly as they were given to :func:`snapshot`; a ``runs.parquet``
+    lacking a needed column is a :class:`SnapshotError` (a report from it would be silently wrong)."""
     d = Path(snapshot_dir)
-    tidy = normalize_tidy(pd.read_parquet(d / "runs.parquet"))
+    raw = pd.read_parquet(d / "runs.parquet")
+    check_tidy(raw, str(d / "runs.parquet"))
+    tidy = normalize_tidy(raw)
     configs = json.loads((d / "configs.json").read_text())
     sweep = json.loads((d / "sweep.json").read_text())
     return tidy, configs, (SweepInfo.from_dict(sweep) if sweep else None)

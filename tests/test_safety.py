@@ -271,6 +271,57 @@ def test_submit_waits_for_a_store_being_created_then_creates_its_experiment(tmp_
     assert MlflowClient(tracking_uri=uri).get_experiment_by_name("s") is not None
 
 
+# =========================================================================== 6. figures from a wrong snapshot
+SNAP = REPO / "results" / "smollm2-mini" / "snapshot"     # a small committed snapshot (sweep smollm2-mini)
+
+
+def _snap(tmp_path: Path, drop: str | None = None, blank: str | None = None) -> Path:
+    import shutil
+
+    import pandas as pd
+    d = tmp_path / "snap"
+    shutil.copytree(SNAP, d)
+    df = pd.read_parquet(d / "runs.parquet")
+    if drop:
+        df = df.drop(columns=[drop])
+    if blank:
+        df.loc[df.index[::7], blank] = None
+    df.to_parquet(d / "runs.parquet", index=False)
+    return d
+
+
+def _figures(capsys, *argv: str) -> str:
+    from analysis.report import main
+    rc = main(list(argv))
+    cap = capsys.readouterr()
+    assert rc == 2 and "Traceback" not in cap.err, (rc, cap.err)
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dapo figures: error: "), cap.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("drop, blank, words", [
+    ("arm", None, "lacks the column arm"), ("metric", None, "lacks the column metric"),
+    ("value", None, "lacks the column value"), ("run_id", None, "lacks the column run_id"),
+    ("seed", None, "lacks the column seed"), (None, "arm", "column arm is empty in"),
+    (None, "metric", "column metric is empty in")])
+def test_figures_refuse_a_snapshot_lacking_a_needed_column(tmp_path, capsys, drop, blank, words):
+    """Each used to write a report with exit 0 (seeds 0, no arms, a table of NaN) or a traceback."""
+    line = _figures(capsys, "--from-snapshot", str(_snap(tmp_path, drop, blank)), "--to", str(tmp_path / "out"))
+    assert words in line and "runs.parquet" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_figures_refuse_another_sweeps_snapshot_and_a_final_k_below_1(tmp_path, capsys):
+    out = tmp_path / "out"
+    line = _figures(capsys, str(REPO / "sweeps" / "table1-mini.yaml"), "--from-snapshot", str(SNAP), "--to", str(out))
+    assert "of sweep 'smollm2-mini' (its sweep.json)" in line and "'table1-mini'" in line, line
+    for k in ("0", "-1"):
+        line = _figures(capsys, "--from-snapshot", str(SNAP), "--to", str(out), "--final-k", k)
+        assert f"--final-k {k}: expected an integer >= 1" in line, line
+    assert not out.exists()
+
+
 # =========================================================================== 8. plan flags, launch layout
 @pytest.mark.parametrize("args, words", [
     (["--mfu", "0"], "--mfu = 0: a FLOP utilisation must be in (0, 1]"),
