@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import sys
 import time
@@ -490,13 +491,26 @@ defaults). ``<name>:STEPS`` is the same recipe with another number of supervised
 def named_recipe(name: str) -> dict[str, Any] | None:
     """The recipe fields ``name`` (``mini-base``, ``mini-base-v2:150``, ...) stands for, else None.
 
-    Raises ValueError for a known name with a bad ``:STEPS`` suffix."""
+    Raises ValueError for a known name with a bad ``:STEPS`` suffix: not a number, or one no
+    :class:`Recipe` can take (0, fewer than its warm-up steps, more than :data:`MAX_NAMED_STEPS`)."""
     base, sep, steps = name.partition(":")
     if base not in NAMED_RECIPES:
         return None
-    if sep and not steps.isdigit():
+    if sep and not re.fullmatch(r"[0-9]{1,12}", steps):
         raise ValueError(f"model.path = {name!r}: expected {base}:<supervised steps>, e.g. {base}:150")
-    return {**NAMED_RECIPES[base], **({"steps": int(steps)} if sep else {})}
+    kw = {**NAMED_RECIPES[base], **({"steps": int(steps)} if sep else {})}
+    n = kw.get("steps", Recipe.steps)
+    warm = kw.get("warmup_steps", Recipe.warmup_steps)
+    if not warm <= n <= MAX_NAMED_STEPS:
+        raise ValueError(f"model.path = {name!r}: {base}:<supervised steps> takes {warm} to {MAX_NAMED_STEPS} steps "
+                         f"(at least its {warm} warm-up steps; {Recipe.steps} by default, ~13 min on a CPU), "
+                         f"e.g. {base}:150")
+    Recipe(**kw)      # every other field checked as a build would check it
+    return kw
+
+
+MAX_NAMED_STEPS = 100_000
+"""The most supervised steps ``<recipe>:STEPS`` may ask for (400 take ~13 min on a CPU: 100 000, two days)."""
 
 
 def resolve_policy_path(name: str) -> Path | str:

@@ -322,6 +322,62 @@ def test_figures_refuse_another_sweeps_snapshot_and_a_final_k_below_1(tmp_path, 
     assert not out.exists()
 
 
+# =========================================================================== 7. preflight
+def _preflight_case(tmp: Path, case: str) -> list[str]:
+    """The overrides of one bad-input case of ``dapo train``, its files made in ``tmp``."""
+    (tmp / "two.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "1+2", "answer": "3"}\n')
+    (tmp / "empty.jsonl").write_text("")
+    (tmp / "afile").write_text("x")
+    (tmp / "old").mkdir()
+    (tmp / "old" / "mlruns.db").write_text("not a database")
+    out = f"output_dir={tmp / 'out'}"
+    return {"empty data": [out, f"data.train={tmp / 'empty.jsonl'}"],
+            "short data": [out, f"data.train={tmp / 'two.jsonl'}"],
+            "skip past the end": [out, "data.train_skip=19998"],
+            "train_limit 0": [out, "data.train_limit=0"], "train_limit -3": [out, "data.train_limit=-3"],
+            "train_limit < batch": [out, "data.train_limit=3"],
+            "mini-base:0": [out, "model.path=mini-base:0"], "mini-base:5": [out, "model.path=mini-base-v2:5"],
+            "mini-base huge": [out, "model.path=mini-base:99999999999"],
+            "kv cache 0": [out, "rollout.vllm_kv_cache_gib=0"],
+            "ftp store": [out, "logging.tracking_uri=ftp://h/x"], "s3 store": [out, "logging.tracking_uri=s3://b/x"],
+            "empty experiment": [out, "logging.experiment="],
+            "corrupt default store": [f"output_dir={tmp / 'old'}"],
+            "corrupt sqlite uri": [out, f"logging.tracking_uri=sqlite:///{tmp / 'old' / 'mlruns.db'}"],
+            "store is a dir": [out, f"logging.tracking_uri=sqlite:///{tmp / 'old'}"],
+            "unreachable server": [out, "logging.tracking_uri=http://127.0.0.1:1"],
+            "output_dir a file": [f"output_dir={tmp / 'afile'}"],
+            "output_dir under a file": [f"output_dir={tmp / 'afile' / 'sub'}"],
+            "empty eval set": [out, f"eval.datasets=[{{name: {tmp / 'empty.jsonl'}}}]"]}[case]
+
+
+PREFLIGHT = {
+    "empty data": "0 usable training problems", "short data": "2 usable training problems (2 of 2 rows kept), "
+    "fewer than one generation round takes (train.batch_prompts = 4)", "skip past the end": "after data.train_skip",
+    "train_limit 0": "data.train_limit = 0: must be >= 1", "train_limit -3": "data.train_limit = -3: must be >= 1",
+    "train_limit < batch": "data.train_limit = 3: fewer training problems than one generation round takes (4",
+    "mini-base:0": "mini-base:<supervised steps> takes 10 to 100000 steps", "mini-base:5": "at least its 10 warm-up",
+    "mini-base huge": "takes 10 to 100000 steps", "kv cache 0": "rollout.vllm_kv_cache_gib = 0.0: must be > 0",
+    "ftp store": "unsupported scheme 'ftp'", "s3 store": "unsupported scheme 's3'",
+    "empty experiment": "logging.experiment = ''", "corrupt default store": "mlruns.db is not an SQLite database",
+    "corrupt sqlite uri": "is not an SQLite database", "store is a dir": "is a directory, not an SQLite database",
+    "unreachable server": "tracking server http://127.0.0.1:1 does not answer",
+    "output_dir a file": "output_dir = ", "output_dir under a file": "which is a file",
+    "empty eval set": "eval.datasets[0].name = ", }
+
+
+@pytest.mark.parametrize("case", list(PREFLIGHT))
+def test_preflight_refuses_what_used_to_start_a_run_and_end_in_a_traceback(tmp_path, train_main, case):
+    """Each case used to create a run dir and end in a traceback (the sampler, the base-model build, vLLM,
+    MLflow, mkdir); now one ``error:`` line before anything is written."""
+    overrides = _preflight_case(tmp_path, case)
+    before = files_under(tmp_path)
+    t0 = time.monotonic()
+    rc, err, calls = train_main(*overrides)
+    assert rc == 2 and not calls and err.startswith("error: ") and err.count("\n") == 1, err
+    assert PREFLIGHT[case] in err, err
+    assert files_under(tmp_path) == before and time.monotonic() - t0 < 30
+
+
 # =========================================================================== 8. plan flags, launch layout
 @pytest.mark.parametrize("args, words", [
     (["--mfu", "0"], "--mfu = 0: a FLOP utilisation must be in (0, 1]"),
