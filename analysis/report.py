@@ -47,7 +47,8 @@ from .learning import LEARNING_NOTE, format_learning, learning_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
 from .eval_noise import noise_section, noise_table, problems_from_runs
 from .samples import load_samples, passk_section, passk_curves, samples_from_runs, samples_section
-from .runs import SnapshotError, SweepInfo, load_problems, load_runs, load_snapshot, merge_snapshot, read_meta, snapshot
+from .runs import (SnapshotError, SweepInfo, load_problems, load_runs, load_snapshot, merge_snapshot, read_meta,
+                   snapshot, store_problem)
 from .metric_names import primary_metric
 from .stats import BAND_METHOD
 from .tables import (COST_NOTE, compare_table, cost_ledger, decision_rule, family_table, format_cost, format_family,
@@ -321,11 +322,6 @@ class InputError(Exception):
     """A bad input of ``dapo figures``: one line on stderr, exit code 2."""
 
 
-def _sqlite_path(uri: str) -> Path | None:
-    """The file of a ``sqlite:///`` URI (None for other stores)."""
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
-
-
 def main(argv: list[str] | None = None, *, sweep_info: SweepInfo | None = None) -> int:
     """CLI entry (``dapo figures``); ``sweep_info`` lets a caller pass an already parsed sweep.
 
@@ -355,6 +351,28 @@ def _problems(runs_dir: str, tidy: pd.DataFrame, earlier: list) -> pd.DataFrame 
     out = pd.concat(parts, ignore_index=True)
     runs = tidy.drop_duplicates("run").set_index("run")
     return out.assign(arm=out["run"].map(runs["arm"]), seed=out["run"].map(runs["seed"]))  # the arms as merged
+
+
+def _load_runs(uri: str, name: str, finished_only: bool):
+    """:func:`load_runs`, with MLflow's HTTP retries bounded (2, not 7 over ~4 minutes) and a store
+    that fails while being read reported as one line."""
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+    from dapo.yaml_io import redact
+    var = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
+    old = os.environ.get(var)
+    os.environ.setdefault(var, "2")
+    try:
+        return load_runs(uri, name, finished_only=finished_only)
+    except ValueError as exc:                 # no such experiment: the message lists the ones there
+        raise InputError(str(exc)) from None
+    except (MlflowException, SQLAlchemyError, OSError) as exc:
+        first = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
+        raise InputError(f"tracking store {redact(uri)} could not be read ({type(exc).__name__}: "
+                         f"{redact(first)})") from None
+    finally:
+        if old is None:
+            os.environ.pop(var, None)
 
 
 def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
@@ -412,13 +430,10 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
                 parser.error(f"no tracking store: give --tracking-uri, set $MLFLOW_TRACKING_URI, "
                              f"or point --runs at the sweep's output root ({db} does not exist)")
             uri = f"sqlite:///{db}"
-        db = _sqlite_path(uri)
-        if db is not None and not db.exists():   # MLflow would create an empty store there
-            raise InputError(f"no tracking store at {uri} ({db} does not exist)")
-        try:
-            tidy, configs = load_runs(uri, name, finished_only=args.finished_only)
-        except ValueError as exc:                 # no such experiment: the message lists the ones there
-            raise InputError(str(exc)) from None
+        problem = store_problem(uri)   # a missing sqlite file (MLflow would create an empty store there),
+        if problem:                    # a damaged one, a server that does not answer (MLflow retries ~4 min)
+            raise InputError(problem)
+        tidy, configs = _load_runs(uri, name, finished_only=args.finished_only)
         merged, earlier = [], []
         arm_of = _spec_run_arms(args.spec) if args.spec and args.with_snapshot else None
         for d in args.with_snapshot:

@@ -49,7 +49,7 @@ from dapo.sweep_spec import KINDS as SWEEP_KINDS
 __all__ = [
     "ArmInfo", "SweepInfo", "TIDY_COLUMNS", "load_runs", "snapshot", "load_snapshot", "merge_snapshot",
     "arm_order", "normalize_tidy", "read_meta", "PROBLEM_COLUMNS", "normalize_problems", "load_problems",
-    "SnapshotError", "check_tidy",
+    "SnapshotError", "check_tidy", "store_problem",
 ]
 
 log = logging.getLogger(__name__)
@@ -260,6 +260,54 @@ def _run_config(client, run) -> dict:
     except Exception as exc:
         log.info("run %s: no readable config.yaml (%s); using params", run.info.run_id, exc)
     return _unflatten({k: _parse_param(v) for k, v in run.data.params.items()})
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def store_problem(tracking_uri: str, timeout_s: float = 5.0) -> str | None:
+    """Why the MLflow store ``tracking_uri`` cannot be read (one line, password masked), or None.
+
+    ``sqlite:///`` file: it exists, is a file and is an SQLite database. ``http(s)://``: the server's
+    ``/health`` answers within ``timeout_s`` (MLflow's own client retries a dead server for minutes).
+    ``postgresql://`` / ``mysql://`` / ``mssql://``: a connection opens within ``timeout_s``."""
+    from dapo.yaml_io import redact
+    uri = tracking_uri
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        if not db.exists():
+            return f"no tracking store at {uri} ({db} does not exist)"
+        if db.is_dir():
+            return f"tracking store {uri}: {db} is a directory, not an SQLite database"
+        try:
+            with open(db, "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            return f"tracking store {uri}: {db} cannot be read ({exc.strerror or exc})"
+        if head != _SQLITE_MAGIC:
+            return f"tracking store {uri}: {db} is not an SQLite database (damaged, or another kind of file)"
+        return None
+    scheme = uri.split(":", 1)[0].split("+")[0].lower() if "://" in uri else ""
+    try:
+        if scheme in ("http", "https"):
+            import urllib.request
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as r:
+                if r.status != 200:
+                    raise OSError(f"/health answered HTTP {r.status}")
+        elif scheme in ("postgresql", "mysql", "mssql"):
+            import sqlalchemy as sa
+            args = {"connect_timeout": max(1, int(timeout_s))} if scheme != "mssql" else {}
+            eng = sa.create_engine(uri, connect_args=args)
+            try:
+                with eng.connect() as conn:
+                    conn.execute(sa.text("SELECT 1"))
+            finally:
+                eng.dispose()
+    except Exception as exc:  # noqa: BLE001 - every failure is one line
+        orig = getattr(exc, "orig", None) or getattr(exc, "reason", None) or exc
+        reason = " ".join(str(orig).split())[:300] or type(orig).__name__
+        return f"tracking server {redact(uri)} does not answer ({type(orig).__name__}: {redact(reason)})"
+    return None
 
 
 def load_runs(tracking_uri: str, sweep_name: str, *, finished_only: bool = False,

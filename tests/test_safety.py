@@ -378,6 +378,44 @@ def test_preflight_refuses_what_used_to_start_a_run_and_end_in_a_traceback(tmp_p
     assert files_under(tmp_path) == before and time.monotonic() - t0 < 30
 
 
+# =========================================================================== 9. an unreachable or broken store
+def _truncated_sqlite(path: Path) -> Path:
+    import sqlite3
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (x)")
+    con.executemany("INSERT INTO t VALUES (?)", [("y" * 500,)] * 200)
+    con.commit()
+    con.close()
+    with open(path, "r+b") as f:
+        f.truncate(6000)       # the header is right, the pages behind it are gone
+    return path
+
+
+@pytest.mark.parametrize("case", ["server", "garbage", "directory", "truncated"])
+def test_figures_from_an_unreachable_or_broken_store_is_one_line_at_once(tmp_path, capsys, case):
+    """An unreachable server was retried by MLflow for ~249 s, then a 115-line traceback; a damaged
+    mlruns.db gave SQLAlchemy's traceback."""
+    runs = tmp_path / "runs"
+    db = runs / "mlruns.db"
+    if case == "garbage":
+        db.parent.mkdir()
+        db.write_text("not a database")
+    elif case == "directory":
+        db.mkdir(parents=True)
+    elif case == "truncated":
+        _truncated_sqlite(db)
+    store = ["--tracking-uri", "http://127.0.0.1:1"] if case == "server" else ["--runs", str(runs)]
+    t0 = time.monotonic()
+    line = _figures(capsys, "--sweep", "s", *store, "--to", str(tmp_path / "out"))
+    assert time.monotonic() - t0 < 30, time.monotonic() - t0
+    want = {"server": "tracking server http://127.0.0.1:1 does not answer (ConnectionRefusedError",
+            "garbage": "is not an SQLite database", "directory": "is a directory, not an SQLite database",
+            "truncated": "could not be read (DatabaseError: database disk image is malformed)"}[case]
+    assert want in line, line
+    assert not (tmp_path / "out").exists()
+
+
 # =========================================================================== 8. plan flags, launch layout
 @pytest.mark.parametrize("args, words", [
     (["--mfu", "0"], "--mfu = 0: a FLOP utilisation must be in (0, 1]"),
