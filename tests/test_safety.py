@@ -416,6 +416,69 @@ def test_figures_from_an_unreachable_or_broken_store_is_one_line_at_once(tmp_pat
     assert not (tmp_path / "out").exists()
 
 
+# =========================================================================== 10. Ctrl-C
+SIGINT_EACH = """
+import importlib, os, signal, sys, time
+import dapo.cli as cli
+def interrupted(argv):
+    os.kill(os.getpid(), signal.SIGINT)   # a real Ctrl-C, delivered while the command runs
+    time.sleep(30)
+    return 0
+for cmd, (module, _) in cli.COMMANDS.items():
+    if cmd in ("config", "train"):
+        setattr(cli, cmd + "_main", interrupted)
+    else:
+        importlib.import_module(module).main = interrupted
+    t0 = time.monotonic()
+    rc = cli.main([cmd, "x"])
+    print(cmd, rc, round(time.monotonic() - t0, 1), flush=True)
+"""
+
+
+def test_ctrl_c_in_every_command_is_one_line_and_exit_130():
+    """Ctrl-C printed a traceback everywhere (~140 lines in train); now ``dapo <cmd>: interrupted``, 130."""
+    from dapo.cli import COMMANDS
+    r = subprocess.run([sys.executable, "-c", SIGINT_EACH], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    rows = [line.split() for line in r.stdout.splitlines()]
+    assert [row[0] for row in rows] == list(COMMANDS) and all(row[1] == "130" for row in rows), r.stdout
+    assert all(float(row[2]) < 10 for row in rows), r.stdout                 # at once, not after the sleep
+    assert r.stderr.splitlines() == [f"dapo {cmd}: interrupted" for cmd in COMMANDS], r.stderr
+
+
+def test_ctrl_c_in_a_real_training_run_exits_130_in_one_line_and_the_run_resumes(tmp_path):
+    """SIGINT in the middle of rollout step 2's update: exit 130, the last stderr line names the run dir,
+    no traceback; the same command resumes from checkpoint 1 and finishes."""
+    out, run_dir, markers = tmp_path / "out", tmp_path / "run", tmp_path / "markers"
+    args = [sys.executable, "-m", "dapo.cli", "train", str(SMOKE), "rollout.engine=hf", "rollout.n=2",
+            "rollout.max_new_tokens=4", "train.batch_prompts=2", "train.mini_batch_prompts=1", "train.micro_batch_seqs=2",
+            "train.threads=1", "eval.at_start=false", "eval.k=1", "eval.datasets=[{name: arith-eval, limit: 2}]",
+            "data.train_limit=16", "logging.progress=false", "train.rollout_steps=3", "checkpoint.every=1",
+            f"output_dir={out}", "--run-dir", str(run_dir)]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("DAPO_FAULT_")}, "PYTHONPATH": str(REPO),
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "DAPO_FAULT_PAUSE": "update@2",
+           "DAPO_FAULT_PAUSE_S": "120", "DAPO_FAULT_MARKER_DIR": str(markers)}
+    p = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (markers / "update@2").exists():
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1][-3000:]
+            time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"dapo train: interrupted; {run_dir} keeps its last checkpoint: the same "
+                                            f"command resumes it"), err[-2000:]
+    r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and (run_dir / "summary.json").exists(), r.stderr[-3000:]
+    assert "resuming from" in r.stdout + r.stderr and "rollout step 1," in r.stdout + r.stderr
+
+
 # =========================================================================== 8. plan flags, launch layout
 @pytest.mark.parametrize("args, words", [
     (["--mfu", "0"], "--mfu = 0: a FLOP utilisation must be in (0, 1]"),
