@@ -600,10 +600,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
     """Load an experiment YAML (or the defaults when ``path`` is None) plus dotted overrides."""
     data = read_yaml(path) if path is not None else {}
     where = str(path) if path is not None else "<defaults>"
+    ov: dict = {}
     if overrides:
         ov = parse_overrides(overrides) if isinstance(overrides, (list, tuple)) else dict(overrides)
         data = apply_overrides(data, ov, where=f"{where} (overrides)")
-    return build_config(data, where)
+    try:
+        return build_config(data, where)
+    except ConfigError as exc:   # a bad KEY=VALUE typed on the command line is blamed on it, not on the file
+        text = str(exc)
+        if isinstance(overrides, (list, tuple)):
+            for k in sorted(ov, key=len, reverse=True):
+                if text.startswith((f"{where}: {k} = ", f"{where}: {k}: ", f"{where}: {k}[")):
+                    raise ConfigError(f"command line: {text[len(where) + 2:]} (overriding {where})") from None
+        raise
 
 
 # --------------------------------------------------------------------------- views

@@ -29,11 +29,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from dapo.base_model import build_base_model, named_recipe, summary
     from dapo.cluster import load_profile
-    from dapo.launcher import submit
+    from dapo.config import ConfigError, show
     from dapo.sweep_spec import expand, load_spec
-    spec = load_spec(a.spec)
-    model_path = expand(spec)[0].config.model.path
-    recipe = named_recipe(model_path)
+    try:      # every flag checked before anything is built or run: one line, exit 2
+        for flag, d in (("--output", a.output), ("--results", a.results)):
+            if Path(d).exists() and not Path(d).is_dir():
+                raise ConfigError(f"{flag} {show(d)}: not a directory")
+        spec = load_spec(a.spec)
+        model_path = expand(spec)[0].config.model.path
+        recipe = named_recipe(model_path)
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from dapo.launcher import submit
     if recipe is not None:
         print(f"== 1/3 tiny base model {model_path} (supervised, reused when built) ==", flush=True)
         print(summary(build_base_model(**recipe)), flush=True)

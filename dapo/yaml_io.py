@@ -163,7 +163,25 @@ def safe_yaml_text(text: str, where: str) -> Any:
     except RefusedYaml as exc:
         raise ConfigError(f"{where}: {exc}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {show(str(exc), 400)}") from exc
+        raise ConfigError(f"{where}: not valid YAML: {yaml_problem(exc)}") from exc
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parse error as one readable line: ``line L, column C: <problem> (<context> on line L')``,
+    without PyYAML's multi-line snippet (and passwords masked, at most 300 characters)."""
+    def at(mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None)
+    if isinstance(exc, yaml.MarkedYAMLError) and problem:
+        text = f"{at(exc.problem_mark)}: {problem}" if exc.problem_mark is not None else problem
+        if exc.context:
+            same = exc.context_mark is not None and exc.problem_mark is not None and \
+                (exc.context_mark.line, exc.context_mark.column) == (exc.problem_mark.line, exc.problem_mark.column)
+            text += f" ({exc.context}{'' if same or exc.context_mark is None else ' at ' + at(exc.context_mark)})"
+    else:
+        text = str(exc)
+    text = " ".join(redact(text.replace('"<unicode string>", ', "")).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def safe_yaml_file(path: Path) -> Any:

@@ -479,6 +479,94 @@ def test_ctrl_c_in_a_real_training_run_exits_130_in_one_line_and_the_run_resumes
     assert "resuming from" in r.stdout + r.stderr and "rollout step 1," in r.stdout + r.stderr
 
 
+# =========================================================================== 11. the rough edges
+def _cli(capsys, *argv: str) -> str:
+    """``dapo ARGV`` in-process: exit 2 and exactly one ``error:`` line on stderr, nothing on stdout."""
+    from dapo.cli import main
+    rc = main(list(argv))
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: "), (rc, cap.err)
+    assert "Traceback" not in cap.err + cap.out
+    return lines[0]
+
+
+def _must_not_run(*args, **kwargs):
+    raise AssertionError("a bad flag must stop the command before it builds or runs anything")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--steps", "0"], "error: dapo base: --steps 0: must be >= 1"),
+    (["--steps", "5"], "--warmup-steps 10: must be in [0, steps]"),
+    (["--preset", "nope"], "--preset 'nope': is not one of"),
+    (["--lr", "nan"], "--lr nan: expected a finite number"), (["--lr", "-1"], "--lr -1.0: must be > 0"),
+    (["--n-ops", "3,1"], "--n-ops (3, 1): must be (lo, hi)"), (["--threads", "0"], "--threads 0: must be >= 1"),
+    (["--length-buckets", "0"], "--length-buckets 0"), (["--out", "FILE"], "not a directory"),
+    (["--out", "NOT-A-MODEL", "--steps", "10"], "exists and is not a base model directory")])
+def test_base_flags_out_of_range_are_one_error_line_before_anything_is_built(tmp_path, capsys, monkeypatch,
+                                                                             argv, words):
+    import dapo.base_model
+    if "NOT-A-MODEL" not in argv:      # (that one is refused by build_base_model itself, before any work)
+        monkeypatch.setattr(dapo.base_model, "build_base_model", _must_not_run)
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes").write_text("keep")
+    argv = [{"FILE": str(tmp_path / "f"), "NOT-A-MODEL": str(tmp_path / "mine")}.get(a, a) for a in argv]
+    before = files_under(tmp_path)
+    assert words in _cli(capsys, "base", *argv)
+    assert files_under(tmp_path) == before
+
+
+def test_base_flag_error_in_a_process_imports_no_torch(tmp_path):
+    one_error(dapo("base", "--steps", "0", cwd=tmp_path), "--steps 0")
+
+
+@pytest.mark.parametrize("case", ["missing spec", "bad yaml", "output file", "results file"])
+def test_demo_flags_are_one_error_line(tmp_path, capsys, monkeypatch, case):
+    import dapo.base_model
+    import dapo.launcher
+    monkeypatch.setattr(dapo.launcher, "submit", _must_not_run)
+    monkeypatch.setattr(dapo.base_model, "build_base_model", _must_not_run)
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "s.yaml").write_text("name: s\nbase: [\n")
+    argv, words = {"missing spec": (["--spec", str(tmp_path / "none.yaml")], "no such sweep spec"),
+                   "bad yaml": (["--spec", str(tmp_path / "s.yaml")], "not valid YAML: line 3, column 1"),
+                   "output file": (["--output", str(tmp_path / "f")], "--output"),
+                   "results file": (["--results", str(tmp_path / "f")], "--results")}[case]
+    assert words in _cli(capsys, "demo", *argv, "--output" if case != "output file" else "--results",
+                         str(tmp_path / "o"))
+    assert files_under(tmp_path) == {"f", "s.yaml"}
+
+
+@pytest.mark.parametrize("text, words", [
+    ("train:\n  lr: [1, 2\nrollout:\n  n: 3\n", "line 3, column 8: expected ',' or ']', but got ':' "
+                                                 "(while parsing a flow sequence at line 2, column 7)"),
+    ("a: 1\n\tb: 2\n", "line 2, column 1: found character '\\t' that cannot start any token"),
+    ("a: b: c\n", "line 1, column 5: mapping values are not allowed here"),
+    ('a: "x\x00y"\n', "unacceptable character #x0000")])
+def test_yaml_syntax_errors_are_one_readable_line(tmp_path, capsys, text, words):
+    """They were PyYAML's message as a Python repr: quotes, literal \\n, a '<unicode string>' snippet."""
+    (tmp_path / "x.yaml").write_text(text)
+    line = _cli(capsys, "config", str(tmp_path / "x.yaml"))
+    assert words in line and "\\n" not in line and "<unicode string>" not in line and "^" not in line, line
+
+
+def test_a_bad_command_line_value_is_blamed_on_the_command_line_not_the_file(capsys):
+    line = _cli(capsys, "config", str(SMOKE), "train.lr=[1,")
+    assert line == f"error: command line: train.lr = '[1,': expected float (overriding {SMOKE})", line
+    line = _cli(capsys, "config", str(SMOKE), "eval.datasets=[{name: arith-eval, limit: 0}]")
+    assert line.startswith("error: command line: eval.datasets[0].limit = 0"), line
+    with pytest.raises(ConfigError, match=r"^\S*tiny-random-smoke.yaml: train.lr"):   # a spec's dict: the file
+        load_config(SMOKE, {"train.lr": "x"})
+
+
+def test_runs_with_a_missing_or_file_output_is_an_error(tmp_path, capsys):
+    assert "no such directory" in _cli(capsys, "runs", "--output", str(tmp_path / "none"))
+    (tmp_path / "f").write_text("x")
+    assert "not a directory" in _cli(capsys, "runs", "--output", str(tmp_path / "f"))
+    assert not (tmp_path / "none").exists()
+
+
 # =========================================================================== 8. plan flags, launch layout
 @pytest.mark.parametrize("args, words", [
     (["--mfu", "0"], "--mfu = 0: a FLOP utilisation must be in (0, 1]"),
