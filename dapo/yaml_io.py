@@ -184,11 +184,19 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+MAX_YAML_BYTES = 1024 * 1024
+"""The largest YAML file :func:`safe_yaml_file` reads (the shipped ones are under 10 KB)."""
+
+
 def safe_yaml_file(path: Path) -> Any:
     """:func:`safe_yaml_text` of a file; any way the file can be unreadable is a ConfigError naming it.
 
     The one YAML loader of experiments, sweep specs and cluster profiles."""
     try:
+        size = path.stat().st_size
+        if size > MAX_YAML_BYTES:
+            raise ConfigError(f"{path}: {size} bytes, more than the {MAX_YAML_BYTES // 1024} KiB an experiment, spec "
+                              f"or profile may hold (a config is a few KB; parsing 50 MB of YAML takes minutes)")
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
