@@ -567,6 +567,45 @@ def test_runs_with_a_missing_or_file_output_is_an_error(tmp_path, capsys):
     assert not (tmp_path / "none").exists()
 
 
+# =========================================================================== newcomer friction
+def test_no_kept_group_gives_zero_advantages_without_a_torch_warning():
+    """A step whose dynamic sampling keeps no group used to print torch's std() 'degrees of freedom' warning."""
+    import warnings
+
+    import torch
+
+    from dapo.algo import group_advantages
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert group_advantages(torch.zeros(0, 4)).shape == (0, 4)
+
+
+def test_a_new_store_is_created_without_mlflow_info_lines(tmp_path):
+    code = ("import sys; from dapo.tracking import Tracker; "
+            "Tracker(sys.argv[1], 'e', 'r').finish()")
+    r = subprocess.run([sys.executable, "-c", code, f"sqlite:///{tmp_path / 'mlruns.db'}"], cwd=REPO, capture_output=True,
+                       text=True, timeout=180, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "INFO" not in r.stderr and "database tables" not in r.stderr, r.stderr
+
+
+def test_the_demo_ends_with_a_short_table_and_what_one_seed_can_show():
+    """`make demo` ended with a raw 26-column DataFrame (NaN in most of it)."""
+    import pandas as pd
+
+    from dapo.demo import final_table
+    df = pd.DataFrame({"arm": ["grpo", "dapo"], "label": ["naive GRPO", "DAPO"], "ours": [19.76, 26.4],
+                       "ci_lo": [19.76, 26.4], "d_prev": [float("nan"), 6.64], "wall_min": [4.04, 4.1],
+                       "n_seeds": [1, 1], "p_holm": [float("nan"), 1.0]})
+    text = final_table(df)
+    lines = text.splitlines()
+    assert lines[1].split() == ["arm", "final", "score", "vs", "previous", "minutes"]
+    assert lines[2].split() == ["naive", "GRPO", "19.8", "-", "4.0"] and lines[3].split() == ["DAPO", "26.4", "+6.6", "4.1"]
+    assert "NaN" not in text and "ci_lo" not in text and len(lines) == 5
+    assert lines[4].startswith("One seed per arm") and "seed-to-seed noise" in lines[4]
+    assert final_table(df.assign(n_seeds=10)).splitlines()[-1].startswith("10 seeds per arm")
+
+
 # =========================================================================== 8. plan flags, launch layout
 @pytest.mark.parametrize("args, words", [
     (["--mfu", "0"], "--mfu = 0: a FLOP utilisation must be in (0, 1]"),
