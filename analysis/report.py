@@ -47,7 +47,8 @@ from .learning import LEARNING_NOTE, format_learning, learning_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
 from .eval_noise import noise_section, noise_table, problems_from_runs
 from .samples import load_samples, passk_section, passk_curves, samples_from_runs, samples_section
-from .runs import SweepInfo, load_problems, load_runs, load_snapshot, merge_snapshot, read_meta, snapshot
+from .runs import (SnapshotError, SweepInfo, load_problems, load_runs, load_snapshot, merge_snapshot, read_meta,
+                   snapshot, store_problem)
 from .metric_names import primary_metric
 from .stats import BAND_METHOD
 from .tables import (COST_NOTE, compare_table, cost_ledger, decision_rule, family_table, format_cost, format_family,
@@ -321,11 +322,6 @@ class InputError(Exception):
     """A bad input of ``dapo figures``: one line on stderr, exit code 2."""
 
 
-def _sqlite_path(uri: str) -> Path | None:
-    """The file of a ``sqlite:///`` URI (None for other stores)."""
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
-
-
 def main(argv: list[str] | None = None, *, sweep_info: SweepInfo | None = None) -> int:
     """CLI entry (``dapo figures``); ``sweep_info`` lets a caller pass an already parsed sweep.
 
@@ -357,6 +353,28 @@ def _problems(runs_dir: str, tidy: pd.DataFrame, earlier: list) -> pd.DataFrame 
     return out.assign(arm=out["run"].map(runs["arm"]), seed=out["run"].map(runs["seed"]))  # the arms as merged
 
 
+def _load_runs(uri: str, name: str, finished_only: bool):
+    """:func:`load_runs`, with MLflow's HTTP retries bounded (2, not 7 over ~4 minutes) and a store
+    that fails while being read reported as one line."""
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+    from dapo.yaml_io import redact
+    var = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
+    old = os.environ.get(var)
+    os.environ.setdefault(var, "2")
+    try:
+        return load_runs(uri, name, finished_only=finished_only)
+    except ValueError as exc:                 # no such experiment: the message lists the ones there
+        raise InputError(str(exc)) from None
+    except (MlflowException, SQLAlchemyError, OSError) as exc:
+        first = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
+        raise InputError(f"tracking store {redact(uri)} could not be read ({type(exc).__name__}: "
+                         f"{redact(first)})") from None
+    finally:
+        if old is None:
+            os.environ.pop(var, None)
+
+
 def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -366,6 +384,9 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
         parser.error("--formats must start with png (the report embeds the PNGs)")
     if args.reading and not Path(args.reading).is_file():
         parser.error(f"--reading {args.reading}: no such file")
+    if args.final_k is not None and args.final_k < 1:
+        raise InputError(f"--final-k {args.final_k}: expected an integer >= 1 (the number of last evaluations "
+                         f"a run's final value is the mean of)")
     if sweep_info is None and args.spec:
         from dapo.config import ConfigError
         try:
@@ -385,9 +406,18 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
             problems = load_problems(snap_dir)
             samples = load_samples(snap_dir)
             meta = read_meta(snap_dir)
+        except SnapshotError as exc:       # reads, but a report from it would be wrong
+            raise InputError(f"snapshot {exc}") from None
         except (OSError, ValueError, KeyError, TypeError) as exc:   # corrupt parquet/json, a missing file
             raise InputError(f"snapshot {snap_dir} is unreadable: {type(exc).__name__}: "
                              f"{str(exc).splitlines()[0][:300] if str(exc) else ''}") from None
+        if sweep_info is not None:      # a spec given: the snapshot must be of that sweep
+            names, source = (({snap_sweep.name}, "its sweep.json") if snap_sweep is not None
+                             else (set(tidy["sweep"]) - {""}, "its runs' sweep column"))
+            if names and sweep_info.name not in names:
+                raise InputError(f"snapshot {snap_dir} is of sweep {', '.join(map(repr, sorted(names)))} ({source}), "
+                                 f"not of {args.spec or 'the given sweep'} ({sweep_info.name!r}); give that "
+                                 f"sweep's spec, or no spec")
         sweep = sweep_info or snap_sweep or infer_sweep_info(tidy, configs, name)
         out = Path(args.to) if args.to else Path(snap_dir).resolve().parent
     else:
@@ -400,19 +430,19 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
                 parser.error(f"no tracking store: give --tracking-uri, set $MLFLOW_TRACKING_URI, "
                              f"or point --runs at the sweep's output root ({db} does not exist)")
             uri = f"sqlite:///{db}"
-        db = _sqlite_path(uri)
-        if db is not None and not db.exists():   # MLflow would create an empty store there
-            raise InputError(f"no tracking store at {uri} ({db} does not exist)")
-        try:
-            tidy, configs = load_runs(uri, name, finished_only=args.finished_only)
-        except ValueError as exc:                 # no such experiment: the message lists the ones there
-            raise InputError(str(exc)) from None
+        problem = store_problem(uri)   # a missing sqlite file (MLflow would create an empty store there),
+        if problem:                    # a damaged one, a server that does not answer (MLflow retries ~4 min)
+            raise InputError(problem)
+        tidy, configs = _load_runs(uri, name, finished_only=args.finished_only)
         merged, earlier = [], []
         arm_of = _spec_run_arms(args.spec) if args.spec and args.with_snapshot else None
         for d in args.with_snapshot:
             if not (Path(d) / "runs.parquet").exists():
                 raise InputError(f"--with-snapshot {d}: no snapshot there (runs.parquet missing)")
-            tidy, configs, rec = merge_snapshot(tidy, configs, d, arm_of=arm_of, sweep_name=name)
+            try:
+                tidy, configs, rec = merge_snapshot(tidy, configs, d, arm_of=arm_of, sweep_name=name)
+            except SnapshotError as exc:
+                raise InputError(f"--with-snapshot {exc}") from None
             merged.append(rec)
             earlier.append(load_problems(d))
             print(f"[figures] {rec['n_runs']} runs added from {d} (commit {rec['commit']})", file=sys.stderr)

@@ -49,6 +49,7 @@ from dapo.sweep_spec import KINDS as SWEEP_KINDS
 __all__ = [
     "ArmInfo", "SweepInfo", "TIDY_COLUMNS", "load_runs", "snapshot", "load_snapshot", "merge_snapshot",
     "arm_order", "normalize_tidy", "read_meta", "PROBLEM_COLUMNS", "normalize_problems", "load_problems",
+    "SnapshotError", "check_tidy", "store_problem",
 ]
 
 log = logging.getLogger(__name__)
@@ -261,6 +262,54 @@ def _run_config(client, run) -> dict:
     return _unflatten({k: _parse_param(v) for k, v in run.data.params.items()})
 
 
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def store_problem(tracking_uri: str, timeout_s: float = 5.0) -> str | None:
+    """Why the MLflow store ``tracking_uri`` cannot be read (one line, password masked), or None.
+
+    ``sqlite:///`` file: it exists, is a file and is an SQLite database. ``http(s)://``: the server's
+    ``/health`` answers within ``timeout_s`` (MLflow's own client retries a dead server for minutes).
+    ``postgresql://`` / ``mysql://`` / ``mssql://``: a connection opens within ``timeout_s``."""
+    from dapo.yaml_io import redact
+    uri = tracking_uri
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        if not db.exists():
+            return f"no tracking store at {uri} ({db} does not exist)"
+        if db.is_dir():
+            return f"tracking store {uri}: {db} is a directory, not an SQLite database"
+        try:
+            with open(db, "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            return f"tracking store {uri}: {db} cannot be read ({exc.strerror or exc})"
+        if head != _SQLITE_MAGIC:
+            return f"tracking store {uri}: {db} is not an SQLite database (damaged, or another kind of file)"
+        return None
+    scheme = uri.split(":", 1)[0].split("+")[0].lower() if "://" in uri else ""
+    try:
+        if scheme in ("http", "https"):
+            import urllib.request
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as r:
+                if r.status != 200:
+                    raise OSError(f"/health answered HTTP {r.status}")
+        elif scheme in ("postgresql", "mysql", "mssql"):
+            import sqlalchemy as sa
+            args = {"connect_timeout": max(1, int(timeout_s))} if scheme != "mssql" else {}
+            eng = sa.create_engine(uri, connect_args=args)
+            try:
+                with eng.connect() as conn:
+                    conn.execute(sa.text("SELECT 1"))
+            finally:
+                eng.dispose()
+    except Exception as exc:  # noqa: BLE001 - every failure is one line
+        orig = getattr(exc, "orig", None) or getattr(exc, "reason", None) or exc
+        reason = " ".join(str(orig).split())[:300] or type(orig).__name__
+        return f"tracking server {redact(uri)} does not answer ({type(orig).__name__}: {redact(reason)})"
+    return None
+
+
 def load_runs(tracking_uri: str, sweep_name: str, *, finished_only: bool = False,
               configs_from_artifacts: bool = True) -> tuple[pd.DataFrame, dict[str, dict]]:
     """All runs of the MLflow experiment ``sweep_name`` → (tidy table, {run uuid: config}).
@@ -419,10 +468,36 @@ def snapshot(tidy: pd.DataFrame, configs: dict[str, dict], sweep_info: SweepInfo
     return out
 
 
+class SnapshotError(ValueError):
+    """A snapshot that reads but cannot make a report: a needed column missing or empty, no rows."""
+
+
+SNAPSHOT_NOT_NULL = ["run", "arm", "seed", "grad_step", "metric"]
+"""Columns of ``runs.parquet`` no row may leave empty (a report groups by them)."""
+
+
+def check_tidy(raw: pd.DataFrame, where: str) -> None:
+    """Raise :class:`SnapshotError` unless ``raw`` (a ``runs.parquet`` as read) has every column of
+    :data:`TIDY_COLUMNS`, at least one row, and no empty value in :data:`SNAPSHOT_NOT_NULL`."""
+    missing = [c for c in TIDY_COLUMNS if c not in raw.columns]
+    if missing:
+        raise SnapshotError(f"{where} lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                            f"(a snapshot has {', '.join(TIDY_COLUMNS)})")
+    if raw.empty:
+        raise SnapshotError(f"{where} holds no logged points")
+    for c in SNAPSHOT_NOT_NULL:
+        n = int(raw[c].isna().sum()) + (int((raw[c].astype(str) == "").sum()) if raw[c].dtype == object else 0)
+        if n:
+            raise SnapshotError(f"{where}: column {c} is empty in {n} of {len(raw)} rows")
+
+
 def load_snapshot(snapshot_dir: str | Path) -> tuple[pd.DataFrame, dict[str, dict], SweepInfo | None]:
-    """``(tidy, configs, sweep_info)`` exactly as they were given to :func:`snapshot`."""
+    """``(tidy, configs, sweep_info)`` exactly as they were given to :func:`snapshot`; a ``runs.parquet``
+    lacking a needed column is a :class:`SnapshotError` (a report from it would be silently wrong)."""
     d = Path(snapshot_dir)
-    tidy = normalize_tidy(pd.read_parquet(d / "runs.parquet"))
+    raw = pd.read_parquet(d / "runs.parquet")
+    check_tidy(raw, str(d / "runs.parquet"))
+    tidy = normalize_tidy(raw)
     configs = json.loads((d / "configs.json").read_text())
     sweep = json.loads((d / "sweep.json").read_text())
     return tidy, configs, (SweepInfo.from_dict(sweep) if sweep else None)

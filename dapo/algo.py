@@ -60,8 +60,8 @@ def group_advantages(rewards: Tensor, eps: float = 1e-6, *, std: str = "group", 
     if baseline not in ADV_BASELINES:
         raise ValueError(f"unknown advantage baseline {baseline!r}; valid: {sorted(ADV_BASELINES)}")
     r = rewards if rewards.is_floating_point() else rewards.to(torch.get_default_dtype())
-    if r.shape[-1] < 2:  # std undefined for G = 1
-        return torch.zeros_like(r)
+    if r.shape[-1] < 2 or r.numel() == 0:  # std undefined for G = 1; no group kept: nothing to normalise
+        return torch.zeros_like(r)           # (torch.std of [0, G] warns "degrees of freedom is <= 0")
     mean = r.mean(dim=-1, keepdim=True)  # [B, 1]
     centered = ADV_BASELINES[baseline](r, mean)  # [B, G]
     if std == "group":

@@ -36,9 +36,11 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import platform
 import random
+import re
 import shutil
 import sys
 import time
@@ -55,6 +57,14 @@ RECIPE_VERSION = 1
 """Bumped whenever the code changes what a recipe produces (invalidates reuse)."""
 
 RECORD_NAME = "base_model.json"
+
+
+class RecipeError(ValueError):
+    """A :class:`Recipe` field out of range: ``key``, ``value``, ``why``."""
+
+    def __init__(self, key: str, value: Any, why: str):
+        super().__init__(f"base model recipe: {key}={value!r} {why}")
+        self.key, self.value, self.why = key, value, why
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +96,7 @@ class Recipe:
 
         def need(ok: bool, key: str, why: str) -> None:
             if not ok:
-                raise ValueError(f"base model recipe: {key}={getattr(self, key)!r} {why}")
+                raise RecipeError(key, getattr(self, key), why)
 
         need(self.preset in TINY_PRESETS, "preset", f"is not one of {sorted(TINY_PRESETS)}")
         need(self.steps >= 1, "steps", "must be >= 1")
@@ -506,13 +516,26 @@ defaults). ``<name>:STEPS`` is the same recipe with another number of supervised
 def named_recipe(name: str) -> dict[str, Any] | None:
     """The recipe fields ``name`` (``mini-base``, ``mini-base-v2:150``, ...) stands for, else None.
 
-    Raises ValueError for a known name with a bad ``:STEPS`` suffix."""
+    Raises ValueError for a known name with a bad ``:STEPS`` suffix: not a number, or one no
+    :class:`Recipe` can take (0, fewer than its warm-up steps, more than :data:`MAX_NAMED_STEPS`)."""
     base, sep, steps = name.partition(":")
     if base not in NAMED_RECIPES:
         return None
-    if sep and not steps.isdigit():
+    if sep and not re.fullmatch(r"[0-9]{1,12}", steps):
         raise ValueError(f"model.path = {name!r}: expected {base}:<supervised steps>, e.g. {base}:150")
-    return {**NAMED_RECIPES[base], **({"steps": int(steps)} if sep else {})}
+    kw = {**NAMED_RECIPES[base], **({"steps": int(steps)} if sep else {})}
+    n = kw.get("steps", Recipe.steps)
+    warm = kw.get("warmup_steps", Recipe.warmup_steps)
+    if not warm <= n <= MAX_NAMED_STEPS:
+        raise ValueError(f"model.path = {name!r}: {base}:<supervised steps> takes {warm} to {MAX_NAMED_STEPS} steps "
+                         f"(at least its {warm} warm-up steps; {Recipe.steps} by default, ~13 min on a CPU), "
+                         f"e.g. {base}:150")
+    Recipe(**kw)      # every other field checked as a build would check it
+    return kw
+
+
+MAX_NAMED_STEPS = 100_000
+"""The most supervised steps ``<recipe>:STEPS`` may ask for (400 take ~13 min on a CPU: 100 000, two days)."""
 
 
 def resolve_policy_path(name: str) -> Path | str:
@@ -611,12 +634,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     named, _ = p.parse_known_args(argv)
     p.set_defaults(**{k.replace("-", "_"): v for k, v in NAMED_RECIPES[named.recipe].items()})
     a = p.parse_args(argv)
-    rec = build_base_model(
-        a.out, force=a.force, progress=not a.quiet, threads=a.threads, preset=a.preset, steps=a.steps,
-        batch_size=a.batch_size, lr=a.lr, warmup_steps=a.warmup_steps, seed=a.seed,
-        n_ops=a.n_ops, operand_max=a.operand_max, cap=a.cap, eval_samples=a.eval_samples,
-        bf16=a.bf16, report_caps=a.report_caps, styles=a.styles,
-        length_buckets=a.length_buckets)
+    fields = dict(preset=a.preset, steps=a.steps, batch_size=a.batch_size, lr=a.lr, warmup_steps=a.warmup_steps,
+                  seed=a.seed, n_ops=tuple(a.n_ops), operand_max=a.operand_max, cap=a.cap, eval_samples=a.eval_samples,
+                  bf16=a.bf16, report_caps=tuple(a.report_caps), styles=a.styles, length_buckets=a.length_buckets)
+    try:   # every flag checked before anything is built: one line each, as every dapo command
+        if a.threads is not None and a.threads < 1:
+            raise ValueError(f"--threads {a.threads}: must be >= 1")
+        if a.out and Path(a.out).expanduser().exists() and not Path(a.out).expanduser().is_dir():
+            raise ValueError(f"--out {a.out}: not a directory")
+        if not math.isfinite(a.lr):
+            raise ValueError(f"--lr {a.lr}: expected a finite number")
+        try:
+            Recipe(**fields)
+        except RecipeError as exc:
+            flag = f"--{exc.key.replace('_', '-')}"
+            raise ValueError(f"{flag if flag in p._option_string_actions else exc.key} {exc.value!r}: {exc.why}") \
+                from None
+    except ValueError as exc:
+        print(f"error: dapo base: {exc}", file=sys.stderr)
+        return 2
+    try:
+        rec = build_base_model(a.out, force=a.force, progress=not a.quiet, threads=a.threads, **fields)
+    except FileExistsError as exc:     # --out holds something that is not a base model: refused before any work
+        print(f"error: dapo base: --out: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(rec, indent=1) if a.json else summary(rec))
     return 0
 

@@ -36,6 +36,10 @@ COMMANDS = {
     "demo": ("dapo.demo", "GRPO vs DAPO on the tiny model, end to end, into results/demo/"),
 }
 
+INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT, what a shell reports for a command stopped by it)."""
+
+
 USAGE = "usage: dapo <command> [args]   (dapo <command> --help for details; dapo --version)\n\ncommands:\n" + "\n".join(
     f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()) + """
 
@@ -175,6 +179,11 @@ def train_main(argv: list[str], train_fn=None) -> int:
     except (CudaUnavailableError, CacheBusyError) as exc:   # the machine, not the input: one line, status 1
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:   # Ctrl-C: train() has ended the MLflow run KILLED; the checkpoints stay
+        if main_rank:
+            print(f"dapo train: interrupted; {run_dir} keeps its last checkpoint: the same command resumes it",
+                  file=sys.stderr, flush=True)
+        return INTERRUPTED
     if main_rank and isinstance(summary, dict) and summary.get("mlflow_uri"):
         print(f"[dapo] browse the run: {mlflow_ui_command(summary['mlflow_uri'])}", flush=True)
     return 0
@@ -197,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())    # so the interpreter's final flush does not fail again
         return 141                               # 128 + SIGPIPE, what a shell reports for `yes | head -1`
+    except KeyboardInterrupt:  # Ctrl-C in any command: one line, not a traceback (what was stopped is clean:
+        cmd = argv[0] if argv and argv[0] in COMMANDS else ""   # each command leaves resumable state)
+        print(f"dapo{' ' + cmd if cmd else ''}: interrupted", file=sys.stderr, flush=True)
+        return INTERRUPTED
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -411,6 +411,19 @@ def _build(cls: type, data: dict, prefix: str, where: str) -> Any:
     return cls(**kwargs)
 
 
+TRACKING_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+"""URI schemes of ``logging.tracking_uri`` MLflow can store runs in ("" = a plain directory path;
+``postgresql+psycopg2://`` counts as postgresql)."""
+
+
+def tracking_scheme(uri: str) -> str:
+    """The scheme of a tracking URI, lower case, without a ``+driver`` suffix ("" for a plain path)."""
+    head, sep, _ = uri.partition(":")
+    if not sep or (len(head) == 1 and head.isalpha()) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", head):
+        return ""
+    return head.split("+")[0].lower()
+
+
 def _check_ranges(cfg: Config, where: str) -> None:
     """Cross-field and range checks. Pure: reads ``cfg``, raises ConfigError."""
     def need(cond: bool, key: str, value: Any, allowed: str) -> None:
@@ -505,6 +518,19 @@ def _check_ranges(cfg: Config, where: str) -> None:
     for i, d in enumerate(e.datasets):
         need(d.limit is None or d.limit >= 1, f"eval.datasets[{i}].limit", d.limit, "must be >= 1 or null")
     need(cfg.data.train_skip >= 0, "data.train_skip", cfg.data.train_skip, "must be >= 0")
+    lim = cfg.data.train_limit
+    need(lim is None or lim >= 1, "data.train_limit", lim, "must be >= 1 or null (null = every training problem)")
+    need(lim is None or lim >= cfg.gen_batch_prompts, "data.train_limit", lim,
+         f"fewer training problems than one generation round takes ({cfg.gen_batch_prompts}: "
+         + ("algo.dynamic_sampling's gen_batch_prompts / oversample x train.batch_prompts)"
+            if cfg.algo.dynamic_sampling.enabled else "train.batch_prompts)")
+         + "; raise it, or set it to null")
+    need(r.vllm_kv_cache_gib > 0, "rollout.vllm_kv_cache_gib", r.vllm_kv_cache_gib,
+         "must be > 0 (GiB of KV cache for the CPU vLLM engine; the engine cannot start without one)")
+    uri = cfg.logging.tracking_uri
+    need(uri is None or tracking_scheme(uri) in TRACKING_SCHEMES, "logging.tracking_uri", uri,
+         f"unsupported scheme {tracking_scheme(uri or '')!r}: use sqlite:///<file>, http(s)://<server>, "
+         f"postgresql://, mysql://, mssql://, file:// or a directory path (null = <output_dir>/mlruns.db)")
     need(cfg.data.max_prompt_tokens >= 1, "data.max_prompt_tokens", cfg.data.max_prompt_tokens, "must be >= 1")
     need(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, "must be >= 0")
     need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", cfg.checkpoint.keep_last, "must be >= 1")
@@ -678,10 +704,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
     """Load an experiment YAML (or the defaults when ``path`` is None) plus dotted overrides."""
     data = read_yaml(path) if path is not None else {}
     where = str(path) if path is not None else "<defaults>"
+    ov: dict = {}
     if overrides:
         ov = parse_overrides(overrides) if isinstance(overrides, (list, tuple)) else dict(overrides)
         data = apply_overrides(data, ov, where=f"{where} (overrides)")
-    return build_config(data, where)
+    try:
+        return build_config(data, where)
+    except ConfigError as exc:   # a bad KEY=VALUE typed on the command line is blamed on it, not on the file
+        text = str(exc)
+        if isinstance(overrides, (list, tuple)):
+            for k in sorted(ov, key=len, reverse=True):
+                if text.startswith((f"{where}: {k} = ", f"{where}: {k}: ", f"{where}: {k}[")):
+                    raise ConfigError(f"command line: {text[len(where) + 2:]} (overriding {where})") from None
+        raise
 
 
 # --------------------------------------------------------------------------- views

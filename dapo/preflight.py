@@ -5,8 +5,11 @@
                                 a preset, ``mini-base[:STEPS]``, a model directory or a hub id.
                                 No network, no file read: ``dapo sweep expand/submit`` runs it per arm.
     check_run(cfg, where)       ``dapo train``: the above, plus a hub id must be reachable (cached, or
-                                the hub answers) and the local data files are read with
-                                ``data.on_bad`` (a bad row under ``fail``, a non-UTF-8 file).
+                                the hub answers), the local and registered data files are read with
+                                ``data.on_bad`` (a bad row under ``fail``, a non-UTF-8 file, fewer
+                                training problems than one generation round, an empty eval set),
+                                ``output_dir`` is a directory (or can be one) and the MLflow store
+                                is usable (an SQLite file, a server that answers).
     eval_metric_names(cfg)      the eval metrics a run of ``cfg`` logs (what a spec's ``metric`` may name)
     finished_summary(run_dir)   a finished run's summary.json, or None
 
@@ -23,7 +26,8 @@ from pathlib import Path
 
 from dapo.config import Config, ConfigError, show
 
-__all__ = ["check_sources", "check_run", "eval_metric_names", "finished_summary"]
+__all__ = ["check_sources", "check_run", "check_store", "check_output_dir", "sqlite_problem", "eval_metric_names",
+           "finished_summary"]
 
 
 def finished_summary(run_dir: str | os.PathLike) -> dict | None:
@@ -137,19 +141,101 @@ def check_model(name: str, where: str) -> None:
         _check_hub_model(name, where)
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_output_dir(cfg: Config, where: str) -> None:
+    """``output_dir`` is a directory, or can become one: no part of it is a file."""
+    p = Path(cfg.output_dir).expanduser()
+    for q in (p, *p.parents):
+        if q.exists() or q.is_symlink():
+            if not q.is_dir():
+                what = "is a file" if q == p else f"is inside {q}, which is a file"
+                raise ConfigError(f"{where}: output_dir = {show(cfg.output_dir)}: {what}; give a directory "
+                                  f"(the run directories and the MLflow store go under it)")
+            return
+
+
+def check_store(uri: str, where: str, key: str = "logging.tracking_uri") -> None:
+    """Raise ConfigError unless the MLflow store behind ``uri`` can be used: an existing ``sqlite:///``
+    file must be an SQLite database (a missing one is created by the run); a server or database URI must
+    answer (:func:`dapo.tracking.check_server`, a few seconds at most)."""
+    from dapo.tracking import TrackingError, _scheme, check_server, redact
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        problem = sqlite_problem(db)
+        if problem:
+            raise ConfigError(f"{where}: {key} = {redact(uri)}: {problem}")
+        return
+    if _scheme(uri) in ("http", "https", "postgresql", "postgres", "mysql", "mssql"):
+        try:
+            check_server(uri, timeout_s=5.0)
+        except TrackingError as exc:
+            raise ConfigError(f"{where}: {key}: {exc}; start it, or give another store") from None
+
+
+def sqlite_problem(db: Path) -> str | None:
+    """Why the sqlite file ``db`` cannot be an MLflow store (None when it can, or does not exist yet)."""
+    if not db.exists():
+        return None if not db.is_symlink() else f"{db} is a broken symbolic link"
+    if db.is_dir():
+        return f"{db} is a directory, not an SQLite database"
+    try:
+        with open(db, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError as exc:
+        return f"{db} cannot be read ({exc.strerror or exc})"
+    if head and head != SQLITE_MAGIC:
+        return f"{db} is not an SQLite database (a damaged or foreign file); move it aside to start a new store"
+    return None
+
+
 def check_run(cfg: Config, where: str) -> None:
-    """:func:`check_sources`, a reachable hub id, and the local data files read as the run will read them."""
-    from dapo.data import load_dataset
+    """:func:`check_sources`, a reachable hub id, the local data files read as the run will read them
+    (enough training problems for one generation round), ``output_dir`` and the MLflow store."""
+    from dapo.data import DATASETS, load_dataset
     from dapo.prompts import DataError
     check_sources(cfg, where)
     check_model(cfg.model.path, where)
+    check_output_dir(cfg, where)
+    if cfg.logging.tracking_uri:
+        check_store(cfg.logging.tracking_uri, where)
+    else:
+        problem = sqlite_problem(Path(cfg.output_dir).expanduser() / "mlruns.db")
+        if problem:
+            raise ConfigError(f"{where}: the MLflow store of output_dir = {show(cfg.output_dir)}: {problem}")
     template = None if cfg.data.template == "default" else cfg.data.template
     sources = [("data.train", cfg.data.train, template)] + [
         (f"eval.datasets[{i}].name", d.name, None) for i, d in enumerate(cfg.eval.datasets)]
     for key, name, tmpl in sources:
-        if _check_data(name, key, where) is None:
-            continue   # registered (shipped, checked by the tests) or hf: (read at start-up)
+        is_file = _check_data(name, key, where) is not None
+        if not is_file and not (key == "data.train" and name in DATASETS):
+            continue   # a registered eval set (shipped, checked by the tests) or hf: (read at start-up)
+        limit = None
+        if key == "data.train" and cfg.data.train_limit is not None:
+            limit = cfg.data.train_skip + cfg.data.train_limit
         try:
-            load_dataset(name, on_bad=cfg.data.on_bad, template=tmpl)
+            rows, report = load_dataset(name, on_bad=cfg.data.on_bad, template=tmpl, limit=limit)
         except (DataError, ValueError, OSError) as exc:
             raise ConfigError(f"{where}: {key}: {exc}") from None
+        if key == "data.train":
+            _check_enough_rows(cfg, where, len(rows), report)
+        elif not rows:
+            raise ConfigError(f"{where}: {key} = {show(name)}: no usable rows ({report.kept} of {report.total} "
+                              f"rows kept)")
+
+
+def _check_enough_rows(cfg: Config, where: str, n_rows: int, report) -> None:
+    """One generation round draws ``cfg.gen_batch_prompts`` distinct training problems."""
+    n = max(0, n_rows - cfg.data.train_skip)
+    need = cfg.gen_batch_prompts
+    if n >= need:
+        return
+    after = [k for k, v in (("data.train_skip", cfg.data.train_skip), ("data.train_limit", cfg.data.train_limit))
+             if v]
+    round_ = (f"algo.dynamic_sampling's round: gen_batch_prompts or oversample x train.batch_prompts = {need}"
+              if cfg.algo.dynamic_sampling.enabled else f"train.batch_prompts = {need}")
+    raise ConfigError(f"{where}: data.train = {show(cfg.data.train)}: {n} usable training problem"
+                      f"{'' if n == 1 else 's'}{' after ' + ' and '.join(after) if after else ''} "
+                      f"({report.kept} of {report.total} rows kept), fewer than one generation round takes ({round_}); give more "
+                      f"rows or lower train.batch_prompts")

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dapo.config import ConfigError, safe_yaml_file
+from dapo.config import ConfigError, safe_yaml_file, show
 from dapo.preflight import finished_summary
 
 __all__ = ["run_rows", "main"]
@@ -187,6 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.samples is not None or a.run_dir:
         return print_samples(a.run_dir, 5 if a.samples is None else a.samples)
+    out = Path(a.output)
+    if not out.is_dir():
+        print(f"error: --output {show(a.output)}: " + ("not a directory" if out.exists() else
+              f"no such directory ({out.resolve()}); nothing has run there: give the output root of the runs "
+              f"(output_dir of dapo train, --output of dapo sweep submit)"), file=sys.stderr)
+        return 2
     try:
         rows = run_rows(a.output, a.sweep)
     except ConfigError as exc:

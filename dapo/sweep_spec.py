@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -68,6 +69,9 @@ __all__ = ["KINDS", "NAME_RE", "Technique", "Resources", "Spec", "Arm", "Job",
            "REPO_ROOT"]
 
 KINDS = ("ladder", "one_at_a_time", "leave_one_out", "grid")
+MAX_SWEEP_JOBS = 1000
+"""The most runs (arms x seeds) one spec may expand to: the paper's Table 1 is 18; a 10 000-point grid took
+minutes to expand and would never be run."""
 # Keys the launcher sets itself; a spec may not override them.
 RESERVED_KEYS = ("train.seed", "logging.sweep", "logging.arm", "logging.experiment", "output_dir")
 
@@ -307,7 +311,11 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
     if max(seeds) >= 2 ** 32:
         raise ConfigError(f"{where}: seeds: {max(seeds)} is too large (a seed is in [0, 2**32))")
     if len(set(seeds)) != len(seeds):
-        raise ConfigError(f"{where}: seeds = {list(seeds)}: a seed repeats")
+        raise ConfigError(f"{where}: seeds = {show(list(seeds))}: a seed repeats")
+    n_arms = math.prod(len(v) for _, v in grid) if grid else len(techniques) + 2
+    if n_arms * len(seeds) > MAX_SWEEP_JOBS:
+        raise ConfigError(f"{where}: about {n_arms} arms x {len(seeds)} seeds = {n_arms * len(seeds)} runs, more than "
+                          f"the {MAX_SWEEP_JOBS} a sweep may hold (dapo.sweep_spec.MAX_SWEEP_JOBS); split it")
     metric = check_text(raw["metric"], "metric", where)
     final_k = check_int(raw.get("final_k", 3), "final_k", where, lo=1)
     margins = {}

@@ -40,6 +40,7 @@ resumed job logs what the checkpoint still holds.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import platform
@@ -59,6 +60,12 @@ from dapo.yaml_io import (PASSWORD_ENV_VAR, PASSWORD_FILE_VAR, password_refusal,
 __all__ = ["Tracker", "TrackingError", "default_tracking_uri", "git_commit", "environment_tags",
            "call_with_retry", "store_lock", "redact", "uri_password", "refuse_password", "read_password",
            "credentials_env", "use_credentials", "check_server", "PASSWORD_FILE_VAR", "PASSWORD_ENV_VAR"]
+
+
+# A new sqlite store logs "Creating initial MLflow database tables..." / "Updating database tables" at INFO
+# on stderr from every process that opens it first: noise for a newcomer, nothing to act on.
+for _name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 
 class TrackingError(RuntimeError):

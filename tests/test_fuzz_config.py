@@ -8,10 +8,15 @@ the dotted key). Any other exception is a bug.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import json
 import math
+import os
 import re
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -291,3 +296,155 @@ def test_unreadable_sweep_spec_is_a_config_error(tmp_path, content):
     path.write_bytes(content)
     with pytest.raises(ConfigError, match=re.escape(str(path))):
         load_spec(path)
+
+
+# --------------------------------------------------------------------------- the CLI, end to end (issue 27)
+# What a user sees: every input below goes through ``dapo config`` / ``dapo train`` (to its preflight, with a
+# fake trainer) / ``dapo sweep expand`` in-process; each ends with exit 0, or exit 2 and exactly one
+# ``error:`` line, never a traceback, and a refused ``dapo train`` writes nothing. Each case has a deadline
+# (20 s: a case takes ~0.1 s, but this machine's cores are shared; a parse that took 105 s still fails it).
+# FUZZ_N=400 runs more cases (the default 20 per test keeps the file under ~20 s).
+CLI = settings(max_examples=int(os.environ.get("FUZZ_N", "20")), deadline=timedelta(seconds=20), derandomize=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                      HealthCheck.function_scoped_fixture])
+SMOKE = REPO / "experiments" / "tiny-random-smoke.yaml"
+ROWS = '{"prompt": "1+1", "answer": "2"}\n' * 8
+NOT_FUZZED = {"output_dir", "logging.tracking_uri", "model.path"}   # a store / the hub: their own tests
+
+
+def _cli(fn, argv) -> tuple[int, str]:
+    """``fn(argv)`` with stdout and stderr captured; (exit status, stderr). An exception escapes: a bug."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = fn(argv)
+    return rc, err.getvalue()
+
+
+def _ok_or_one_error(rc: int, err: str) -> None:
+    assert "Traceback" not in err, err
+    if rc == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and len(lines[0]) < 1500, err
+    else:
+        assert rc == 0, (rc, err)
+
+
+def _yaml_value(v) -> str:
+    """A Python value as the text of a KEY=VALUE override (flow YAML, one line)."""
+    try:
+        return yaml.safe_dump(v, default_flow_style=True, width=10**9, allow_unicode=True).strip().removesuffix("...").strip()
+    except yaml.YAMLError:
+        return str(v)
+
+
+override_items = st.lists(st.tuples(
+    st.one_of(st.sampled_from(sorted(LEAVES - NOT_FUZZED)), st.sampled_from(sorted(SECTIONS)),
+              st.text(alphabet="abcdefghijklmnop._", min_size=1, max_size=12)),
+    st.one_of(junk.map(_yaml_value), st.text(max_size=20))), max_size=3, unique_by=lambda kv: kv[0])
+
+
+@CLI
+@given(items=override_items)
+def test_cli_config_with_junk_overrides_is_ok_or_one_error_line(items):
+    from dapo.cli import main
+    rc, err = _cli(main, ["config", str(SMOKE), *(f"{k}={v}" for k, v in items)])
+    _ok_or_one_error(rc, err)
+
+
+@pytest.fixture(scope="module")
+def small_rows(tmpdir):
+    """A good data file; first one ``dapo train`` preflight of each reader, so that no case's deadline
+    pays for the first import of pyarrow, pandas or the config layer."""
+    from dapo.cli import train_main
+    path = tmpdir / "rows.jsonl"
+    path.write_text(ROWS)
+    import pandas as pd
+    pd.DataFrame({"prompt": ["1+1"] * 8, "answer": ["2"] * 8}).to_parquet(tmpdir / "rows.parquet")
+    (tmpdir / "rows.json").write_text(json.dumps([{"prompt": "1+1", "answer": "2"}] * 8))
+    for name in ("rows.jsonl", "rows.parquet", "rows.json"):
+        rc, err = _cli(lambda a: train_main(a, train_fn=lambda cfg, d: {}),
+                       [str(SMOKE), f"data.train={tmpdir / name}", f"output_dir={tmpdir / 'warm-out'}"])
+        assert rc == 0, err
+    return path
+
+
+@CLI
+@given(items=override_items)
+def test_cli_train_preflight_with_junk_overrides_is_ok_or_one_error_line_and_writes_nothing(tmpdir, small_rows,
+                                                                                           items):
+    import shutil
+
+    from dapo.cli import train_main
+    out = tmpdir / "train-out"
+    shutil.rmtree(out, ignore_errors=True)
+    calls = []
+    argv = [str(SMOKE), f"data.train={small_rows}", *(f"{k}={v}" for k, v in items if k != "data.train"),
+            f"output_dir={out}"]
+    rc, err = _cli(lambda a: train_main(a, train_fn=lambda cfg, d: calls.append(d) or {}), argv)
+    _ok_or_one_error(rc, err)
+    assert (rc == 0) == bool(calls)
+    if rc == 2:
+        assert not out.exists()
+
+
+def _rows_text(draw) -> bytes:
+    """The bytes of a data file: JSON rows with junk fields, broken lines, stray bytes."""
+    row = st.one_of(
+        st.fixed_dictionaries({"prompt": junk, "answer": junk}),
+        st.dictionaries(st.sampled_from(["prompt", "problem", "question", "answer", "ground_truth", "x"]), junk,
+                        max_size=3),
+        junk)
+    lines = draw(st.lists(st.one_of(row.map(lambda r: json.dumps(r, default=str)), st.text(max_size=30),
+                                    st.binary(max_size=20).map(lambda b: b.decode("latin-1"))), max_size=12))
+    text = "\n".join(lines).encode("utf-8", "surrogatepass")
+    return draw(st.one_of(st.just(text), st.binary(max_size=200)))
+
+
+@CLI
+@given(data=st.data())
+def test_cli_train_with_a_junk_data_file_is_ok_or_one_error_line(tmpdir, small_rows, data):
+    from dapo.cli import train_main
+    suffix = data.draw(st.sampled_from([".jsonl", ".json", ".parquet"]))
+    path = tmpdir / f"junk{suffix}"
+    path.write_bytes(_rows_text(data.draw))
+    key = data.draw(st.sampled_from(["data.train", "eval.datasets"]))
+    value = str(path) if key == "data.train" else f"[{{name: {path}}}]"
+    on_bad = data.draw(st.sampled_from(["drop", "fail"]))
+    out = tmpdir / "data-out"
+    rc, err = _cli(lambda a: train_main(a, train_fn=lambda cfg, d: {}),
+                   [str(SMOKE), f"{key}={value}", f"data.on_bad={on_bad}", f"output_dir={out}"])
+    _ok_or_one_error(rc, err)
+    if rc == 2:
+        assert not out.exists()
+
+
+@CLI
+@given(data=st.data())
+def test_cli_sweep_expand_of_a_mutated_spec_is_ok_or_one_error_line(tmpdir, data):
+    from dapo.cli import main
+    base = {"name": "s", "base": str(SMOKE), "kind": "ladder", "base_overrides": {"rollout.engine": "hf"},
+            "baseline": {"name": "grpo", "overrides": {"algo.clip.eps_high": 0.2}},
+            "techniques": [{"name": "clip_higher", "overrides": {"algo.clip.eps_high": 0.28}}],
+            "seeds": [0, 1], "metric": "eval/arith-eval/avg_at_2", "final_k": 1}
+    mutated, _ = _mutate(base, data.draw)
+    path = _write(tmpdir, "cli-spec.yaml", mutated)
+    rc, err = _cli(main, ["sweep", "expand", str(path), "--output", str(tmpdir / "sweep-out")])
+    _ok_or_one_error(rc, err)
+
+
+def test_a_huge_yaml_file_and_a_huge_grid_are_refused_at_once(tmp_path):
+    """Unbounded before: a 50 MB experiment took 105 s to parse, a 10 000-point grid minutes to expand."""
+    from dapo.cli import main
+    from dapo.sweep_spec import MAX_SWEEP_JOBS
+    from dapo.yaml_io import MAX_YAML_BYTES
+    big = tmp_path / "big.yaml"
+    big.write_text("a:\n" + "  - x\n" * (MAX_YAML_BYTES // 6 + 10))
+    rc, err = _cli(main, ["config", str(big)])
+    _ok_or_one_error(rc, err)
+    assert rc == 2 and "more than the 1024 KiB" in err
+    grid = {"name": "g", "base": str(SMOKE), "kind": "grid", "seeds": [0], "metric": "eval/arith-eval/avg_at_2",
+            "grid": {"train.lr": [1e-6 * (i + 1) for i in range(100)],
+                     "algo.clip.eps_high": [0.2 + i / 1000 for i in range(100)]}}
+    rc, err = _cli(main, ["sweep", "expand", str(_write(tmp_path, "g.yaml", grid))])
+    _ok_or_one_error(rc, err)
+    assert rc == 2 and f"10000 runs, more than the {MAX_SWEEP_JOBS}" in err

@@ -271,6 +271,341 @@ def test_submit_waits_for_a_store_being_created_then_creates_its_experiment(tmp_
     assert MlflowClient(tracking_uri=uri).get_experiment_by_name("s") is not None
 
 
+# =========================================================================== 6. figures from a wrong snapshot
+SNAP = REPO / "results" / "smollm2-mini" / "snapshot"     # a small committed snapshot (sweep smollm2-mini)
+
+
+def _snap(tmp_path: Path, drop: str | None = None, blank: str | None = None) -> Path:
+    import shutil
+
+    import pandas as pd
+    d = tmp_path / "snap"
+    shutil.copytree(SNAP, d)
+    df = pd.read_parquet(d / "runs.parquet")
+    if drop:
+        df = df.drop(columns=[drop])
+    if blank:
+        df.loc[df.index[::7], blank] = None
+    df.to_parquet(d / "runs.parquet", index=False)
+    return d
+
+
+def _figures(capsys, *argv: str) -> str:
+    from analysis.report import main
+    rc = main(list(argv))
+    cap = capsys.readouterr()
+    assert rc == 2 and "Traceback" not in cap.err, (rc, cap.err)
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dapo figures: error: "), cap.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("drop, blank, words", [
+    ("arm", None, "lacks the column arm"), ("metric", None, "lacks the column metric"),
+    ("value", None, "lacks the column value"), ("run_id", None, "lacks the column run_id"),
+    ("seed", None, "lacks the column seed"), (None, "arm", "column arm is empty in"),
+    (None, "metric", "column metric is empty in")])
+def test_figures_refuse_a_snapshot_lacking_a_needed_column(tmp_path, capsys, drop, blank, words):
+    """Each used to write a report with exit 0 (seeds 0, no arms, a table of NaN) or a traceback."""
+    line = _figures(capsys, "--from-snapshot", str(_snap(tmp_path, drop, blank)), "--to", str(tmp_path / "out"))
+    assert words in line and "runs.parquet" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_figures_refuse_another_sweeps_snapshot_and_a_final_k_below_1(tmp_path, capsys):
+    out = tmp_path / "out"
+    line = _figures(capsys, str(REPO / "sweeps" / "table1-mini.yaml"), "--from-snapshot", str(SNAP), "--to", str(out))
+    assert "of sweep 'smollm2-mini' (its sweep.json)" in line and "'table1-mini'" in line, line
+    for k in ("0", "-1"):
+        line = _figures(capsys, "--from-snapshot", str(SNAP), "--to", str(out), "--final-k", k)
+        assert f"--final-k {k}: expected an integer >= 1" in line, line
+    assert not out.exists()
+
+
+# =========================================================================== 7. preflight
+def _preflight_case(tmp: Path, case: str) -> list[str]:
+    """The overrides of one bad-input case of ``dapo train``, its files made in ``tmp``."""
+    (tmp / "two.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "1+2", "answer": "3"}\n')
+    (tmp / "empty.jsonl").write_text("")
+    (tmp / "afile").write_text("x")
+    (tmp / "old").mkdir()
+    (tmp / "old" / "mlruns.db").write_text("not a database")
+    out = f"output_dir={tmp / 'out'}"
+    return {"empty data": [out, f"data.train={tmp / 'empty.jsonl'}"],
+            "short data": [out, f"data.train={tmp / 'two.jsonl'}"],
+            "skip past the end": [out, "data.train_skip=19998"],
+            "train_limit 0": [out, "data.train_limit=0"], "train_limit -3": [out, "data.train_limit=-3"],
+            "train_limit < batch": [out, "data.train_limit=3"],
+            "mini-base:0": [out, "model.path=mini-base:0"], "mini-base:5": [out, "model.path=mini-base-v2:5"],
+            "mini-base huge": [out, "model.path=mini-base:99999999999"],
+            "kv cache 0": [out, "rollout.vllm_kv_cache_gib=0"],
+            "ftp store": [out, "logging.tracking_uri=ftp://h/x"], "s3 store": [out, "logging.tracking_uri=s3://b/x"],
+            "empty experiment": [out, "logging.experiment="],
+            "corrupt default store": [f"output_dir={tmp / 'old'}"],
+            "corrupt sqlite uri": [out, f"logging.tracking_uri=sqlite:///{tmp / 'old' / 'mlruns.db'}"],
+            "store is a dir": [out, f"logging.tracking_uri=sqlite:///{tmp / 'old'}"],
+            "unreachable server": [out, "logging.tracking_uri=http://127.0.0.1:1"],
+            "output_dir a file": [f"output_dir={tmp / 'afile'}"],
+            "output_dir under a file": [f"output_dir={tmp / 'afile' / 'sub'}"],
+            "empty eval set": [out, f"eval.datasets=[{{name: {tmp / 'empty.jsonl'}}}]"]}[case]
+
+
+PREFLIGHT = {
+    "empty data": "0 usable training problems", "short data": "2 usable training problems (2 of 2 rows kept), "
+    "fewer than one generation round takes (train.batch_prompts = 4)", "skip past the end": "after data.train_skip",
+    "train_limit 0": "data.train_limit = 0: must be >= 1", "train_limit -3": "data.train_limit = -3: must be >= 1",
+    "train_limit < batch": "data.train_limit = 3: fewer training problems than one generation round takes (4",
+    "mini-base:0": "mini-base:<supervised steps> takes 10 to 100000 steps", "mini-base:5": "at least its 10 warm-up",
+    "mini-base huge": "takes 10 to 100000 steps", "kv cache 0": "rollout.vllm_kv_cache_gib = 0.0: must be > 0",
+    "ftp store": "unsupported scheme 'ftp'", "s3 store": "unsupported scheme 's3'",
+    "empty experiment": "logging.experiment = ''", "corrupt default store": "mlruns.db is not an SQLite database",
+    "corrupt sqlite uri": "is not an SQLite database", "store is a dir": "is a directory, not an SQLite database",
+    "unreachable server": "tracking server http://127.0.0.1:1 does not answer",
+    "output_dir a file": "output_dir = ", "output_dir under a file": "which is a file",
+    "empty eval set": "eval.datasets[0].name = ", }
+
+
+@pytest.mark.parametrize("case", list(PREFLIGHT))
+def test_preflight_refuses_what_used_to_start_a_run_and_end_in_a_traceback(tmp_path, train_main, case):
+    """Each case used to create a run dir and end in a traceback (the sampler, the base-model build, vLLM,
+    MLflow, mkdir); now one ``error:`` line before anything is written."""
+    overrides = _preflight_case(tmp_path, case)
+    before = files_under(tmp_path)
+    t0 = time.monotonic()
+    rc, err, calls = train_main(*overrides)
+    assert rc == 2 and not calls and err.startswith("error: ") and err.count("\n") == 1, err
+    assert PREFLIGHT[case] in err, err
+    assert files_under(tmp_path) == before and time.monotonic() - t0 < 30
+
+
+# =========================================================================== 9. an unreachable or broken store
+def _truncated_sqlite(path: Path) -> Path:
+    import sqlite3
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (x)")
+    con.executemany("INSERT INTO t VALUES (?)", [("y" * 500,)] * 200)
+    con.commit()
+    con.close()
+    with open(path, "r+b") as f:
+        f.truncate(6000)       # the header is right, the pages behind it are gone
+    return path
+
+
+@pytest.mark.parametrize("case", ["server", "garbage", "directory", "truncated"])
+def test_figures_from_an_unreachable_or_broken_store_is_one_line_at_once(tmp_path, capsys, case):
+    """An unreachable server was retried by MLflow for ~249 s, then a 115-line traceback; a damaged
+    mlruns.db gave SQLAlchemy's traceback."""
+    runs = tmp_path / "runs"
+    db = runs / "mlruns.db"
+    if case == "garbage":
+        db.parent.mkdir()
+        db.write_text("not a database")
+    elif case == "directory":
+        db.mkdir(parents=True)
+    elif case == "truncated":
+        _truncated_sqlite(db)
+    store = ["--tracking-uri", "http://127.0.0.1:1"] if case == "server" else ["--runs", str(runs)]
+    t0 = time.monotonic()
+    line = _figures(capsys, "--sweep", "s", *store, "--to", str(tmp_path / "out"))
+    assert time.monotonic() - t0 < 30, time.monotonic() - t0
+    want = {"server": "tracking server http://127.0.0.1:1 does not answer (ConnectionRefusedError",
+            "garbage": "is not an SQLite database", "directory": "is a directory, not an SQLite database",
+            "truncated": "could not be read (DatabaseError: database disk image is malformed)"}[case]
+    assert want in line, line
+    assert not (tmp_path / "out").exists()
+
+
+# =========================================================================== 10. Ctrl-C
+SIGINT_EACH = """
+import importlib, os, signal, sys, time
+import dapo.cli as cli
+def interrupted(argv):
+    os.kill(os.getpid(), signal.SIGINT)   # a real Ctrl-C, delivered while the command runs
+    time.sleep(30)
+    return 0
+for cmd, (module, _) in cli.COMMANDS.items():
+    if cmd in ("config", "train"):
+        setattr(cli, cmd + "_main", interrupted)
+    else:
+        importlib.import_module(module).main = interrupted
+    t0 = time.monotonic()
+    rc = cli.main([cmd, "x"])
+    print(cmd, rc, round(time.monotonic() - t0, 1), flush=True)
+"""
+
+
+def test_ctrl_c_in_every_command_is_one_line_and_exit_130():
+    """Ctrl-C printed a traceback everywhere (~140 lines in train); now ``dapo <cmd>: interrupted``, 130."""
+    from dapo.cli import COMMANDS
+    r = subprocess.run([sys.executable, "-c", SIGINT_EACH], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    rows = [line.split() for line in r.stdout.splitlines()]
+    assert [row[0] for row in rows] == list(COMMANDS) and all(row[1] == "130" for row in rows), r.stdout
+    assert all(float(row[2]) < 10 for row in rows), r.stdout                 # at once, not after the sleep
+    assert r.stderr.splitlines() == [f"dapo {cmd}: interrupted" for cmd in COMMANDS], r.stderr
+
+
+def test_ctrl_c_in_a_real_training_run_exits_130_in_one_line_and_the_run_resumes(tmp_path):
+    """SIGINT in the middle of rollout step 2's update: exit 130, the last stderr line names the run dir,
+    no traceback; the same command resumes from checkpoint 1 and finishes."""
+    out, run_dir, markers = tmp_path / "out", tmp_path / "run", tmp_path / "markers"
+    args = [sys.executable, "-m", "dapo.cli", "train", str(SMOKE), "rollout.engine=hf", "rollout.n=2",
+            "rollout.max_new_tokens=4", "train.batch_prompts=2", "train.mini_batch_prompts=1", "train.micro_batch_seqs=2",
+            "train.threads=1", "eval.at_start=false", "eval.k=1", "eval.datasets=[{name: arith-eval, limit: 2}]",
+            "data.train_limit=16", "logging.progress=false", "train.rollout_steps=3", "checkpoint.every=1",
+            f"output_dir={out}", "--run-dir", str(run_dir)]
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("DAPO_FAULT_")}, "PYTHONPATH": str(REPO),
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "DAPO_FAULT_PAUSE": "update@2",
+           "DAPO_FAULT_PAUSE_S": "120", "DAPO_FAULT_MARKER_DIR": str(markers)}
+    p = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (markers / "update@2").exists():
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1][-3000:]
+            time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"dapo train: interrupted; {run_dir} keeps its last checkpoint: the same "
+                                            f"command resumes it"), err[-2000:]
+    r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and (run_dir / "summary.json").exists(), r.stderr[-3000:]
+    assert "resuming from" in r.stdout + r.stderr and "rollout step 1," in r.stdout + r.stderr
+
+
+# =========================================================================== 11. the rough edges
+def _cli(capsys, *argv: str) -> str:
+    """``dapo ARGV`` in-process: exit 2 and exactly one ``error:`` line on stderr, nothing on stdout."""
+    from dapo.cli import main
+    rc = main(list(argv))
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: "), (rc, cap.err)
+    assert "Traceback" not in cap.err + cap.out
+    return lines[0]
+
+
+def _must_not_run(*args, **kwargs):
+    raise AssertionError("a bad flag must stop the command before it builds or runs anything")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--steps", "0"], "error: dapo base: --steps 0: must be >= 1"),
+    (["--steps", "5"], "--warmup-steps 10: must be in [0, steps]"),
+    (["--preset", "nope"], "--preset 'nope': is not one of"),
+    (["--lr", "nan"], "--lr nan: expected a finite number"), (["--lr", "-1"], "--lr -1.0: must be > 0"),
+    (["--n-ops", "3,1"], "--n-ops (3, 1): must be (lo, hi)"), (["--threads", "0"], "--threads 0: must be >= 1"),
+    (["--length-buckets", "0"], "--length-buckets 0"), (["--out", "FILE"], "not a directory"),
+    (["--out", "NOT-A-MODEL", "--steps", "10"], "exists and is not a base model directory")])
+def test_base_flags_out_of_range_are_one_error_line_before_anything_is_built(tmp_path, capsys, monkeypatch,
+                                                                             argv, words):
+    import dapo.base_model
+    if "NOT-A-MODEL" not in argv:      # (that one is refused by build_base_model itself, before any work)
+        monkeypatch.setattr(dapo.base_model, "build_base_model", _must_not_run)
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes").write_text("keep")
+    argv = [{"FILE": str(tmp_path / "f"), "NOT-A-MODEL": str(tmp_path / "mine")}.get(a, a) for a in argv]
+    before = files_under(tmp_path)
+    assert words in _cli(capsys, "base", *argv)
+    assert files_under(tmp_path) == before
+
+
+def test_base_flag_error_in_a_process_imports_no_torch(tmp_path):
+    one_error(dapo("base", "--steps", "0", cwd=tmp_path), "--steps 0")
+
+
+@pytest.mark.parametrize("case", ["missing spec", "bad yaml", "output file", "results file"])
+def test_demo_flags_are_one_error_line(tmp_path, capsys, monkeypatch, case):
+    import dapo.base_model
+    import dapo.launcher
+    monkeypatch.setattr(dapo.launcher, "submit", _must_not_run)
+    monkeypatch.setattr(dapo.base_model, "build_base_model", _must_not_run)
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "s.yaml").write_text("name: s\nbase: [\n")
+    argv, words = {"missing spec": (["--spec", str(tmp_path / "none.yaml")], "no such sweep spec"),
+                   "bad yaml": (["--spec", str(tmp_path / "s.yaml")], "not valid YAML: line 3, column 1"),
+                   "output file": (["--output", str(tmp_path / "f")], "--output"),
+                   "results file": (["--results", str(tmp_path / "f")], "--results")}[case]
+    assert words in _cli(capsys, "demo", *argv, "--output" if case != "output file" else "--results",
+                         str(tmp_path / "o"))
+    assert files_under(tmp_path) == {"f", "s.yaml"}
+
+
+@pytest.mark.parametrize("text, words", [
+    ("train:\n  lr: [1, 2\nrollout:\n  n: 3\n", "line 3, column 8: expected ',' or ']', but got ':' "
+                                                 "(while parsing a flow sequence at line 2, column 7)"),
+    ("a: 1\n\tb: 2\n", "line 2, column 1: found character '\\t' that cannot start any token"),
+    ("a: b: c\n", "line 1, column 5: mapping values are not allowed here"),
+    ('a: "x\x00y"\n', "unacceptable character #x0000")])
+def test_yaml_syntax_errors_are_one_readable_line(tmp_path, capsys, text, words):
+    """They were PyYAML's message as a Python repr: quotes, literal \\n, a '<unicode string>' snippet."""
+    (tmp_path / "x.yaml").write_text(text)
+    line = _cli(capsys, "config", str(tmp_path / "x.yaml"))
+    assert words in line and "\\n" not in line and "<unicode string>" not in line and "^" not in line, line
+
+
+def test_a_bad_command_line_value_is_blamed_on_the_command_line_not_the_file(capsys):
+    line = _cli(capsys, "config", str(SMOKE), "train.lr=[1,")
+    assert line == f"error: command line: train.lr = '[1,': expected float (overriding {SMOKE})", line
+    line = _cli(capsys, "config", str(SMOKE), "eval.datasets=[{name: arith-eval, limit: 0}]")
+    assert line.startswith("error: command line: eval.datasets[0].limit = 0"), line
+    with pytest.raises(ConfigError, match=r"^\S*tiny-random-smoke.yaml: train.lr"):   # a spec's dict: the file
+        load_config(SMOKE, {"train.lr": "x"})
+
+
+def test_runs_with_a_missing_or_file_output_is_an_error(tmp_path, capsys):
+    assert "no such directory" in _cli(capsys, "runs", "--output", str(tmp_path / "none"))
+    (tmp_path / "f").write_text("x")
+    assert "not a directory" in _cli(capsys, "runs", "--output", str(tmp_path / "f"))
+    assert not (tmp_path / "none").exists()
+
+
+# =========================================================================== newcomer friction
+def test_no_kept_group_gives_zero_advantages_without_a_torch_warning():
+    """A step whose dynamic sampling keeps no group used to print torch's std() 'degrees of freedom' warning."""
+    import warnings
+
+    import torch
+
+    from dapo.algo import group_advantages
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert group_advantages(torch.zeros(0, 4)).shape == (0, 4)
+
+
+def test_a_new_store_is_created_without_mlflow_info_lines(tmp_path):
+    code = ("import sys; from dapo.tracking import Tracker; "
+            "Tracker(sys.argv[1], 'e', 'r').finish()")
+    r = subprocess.run([sys.executable, "-c", code, f"sqlite:///{tmp_path / 'mlruns.db'}"], cwd=REPO, capture_output=True,
+                       text=True, timeout=180, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "INFO" not in r.stderr and "database tables" not in r.stderr, r.stderr
+
+
+def test_the_demo_ends_with_a_short_table_and_what_one_seed_can_show():
+    """`make demo` ended with a raw 26-column DataFrame (NaN in most of it)."""
+    import pandas as pd
+
+    from dapo.demo import final_table
+    df = pd.DataFrame({"arm": ["grpo", "dapo"], "label": ["naive GRPO", "DAPO"], "ours": [19.76, 26.4],
+                       "ci_lo": [19.76, 26.4], "d_prev": [float("nan"), 6.64], "wall_min": [4.04, 4.1],
+                       "n_seeds": [1, 1], "p_holm": [float("nan"), 1.0]})
+    text = final_table(df)
+    lines = text.splitlines()
+    assert lines[1].split() == ["arm", "final", "score", "vs", "previous", "minutes"]
+    assert lines[2].split() == ["naive", "GRPO", "19.8", "-", "4.0"] and lines[3].split() == ["DAPO", "26.4", "+6.6", "4.1"]
+    assert "NaN" not in text and "ci_lo" not in text and len(lines) == 5
+    assert lines[4].startswith("One seed per arm") and "seed-to-seed noise" in lines[4]
+    assert final_table(df.assign(n_seeds=10)).splitlines()[-1].startswith("10 seeds per arm")
+
+
 # =========================================================================== 8. plan flags, launch layout
 @pytest.mark.parametrize("args, words", [
     (["--mfu", "0"], "--mfu = 0: a FLOP utilisation must be in (0, 1]"),
