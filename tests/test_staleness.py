@@ -68,7 +68,8 @@ def _history(out: Path) -> dict[str, list[float]]:
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlruns.db'}")
     run_id = json.loads((out / "run" / "summary.json").read_text())["mlflow_run_id"]
     keys = client.get_run(run_id).data.metrics
-    return {k: [m.value for m in sorted(client.get_metric_history(run_id, k), key=lambda m: m.step)]
+    return {k: [None if m.value != m.value else m.value      # NaN (e.g. no finished response) as None: comparable
+                for m in sorted(client.get_metric_history(run_id, k), key=lambda m: m.step)]
             for k in keys if not k.startswith(("time/", "perf/"))}
 
 
