@@ -262,52 +262,19 @@ def _run_config(client, run) -> dict:
     return _unflatten({k: _parse_param(v) for k, v in run.data.params.items()})
 
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
 def store_problem(tracking_uri: str, timeout_s: float = 5.0) -> str | None:
     """Why the MLflow store ``tracking_uri`` cannot be read (one line, password masked), or None.
 
-    ``sqlite:///`` file: it exists, is a file and is an SQLite database. ``http(s)://``: the server's
-    ``/health`` answers within ``timeout_s`` (MLflow's own client retries a dead server for minutes).
-    ``postgresql://`` / ``mysql://`` / ``mssql://``: a connection opens within ``timeout_s``."""
-    from dapo.yaml_io import redact
-    uri = tracking_uri
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):])
-        if not db.exists():
-            return f"no tracking store at {uri} ({db} does not exist)"
-        if db.is_dir():
-            return f"tracking store {uri}: {db} is a directory, not an SQLite database"
-        try:
-            with open(db, "rb") as f:
-                head = f.read(len(_SQLITE_MAGIC))
-        except OSError as exc:
-            return f"tracking store {uri}: {db} cannot be read ({exc.strerror or exc})"
-        if head != _SQLITE_MAGIC:
-            return f"tracking store {uri}: {db} is not an SQLite database (damaged, or another kind of file)"
-        return None
-    scheme = uri.split(":", 1)[0].split("+")[0].lower() if "://" in uri else ""
-    try:
-        if scheme in ("http", "https"):
-            import urllib.request
-            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as r:
-                if r.status != 200:
-                    raise OSError(f"/health answered HTTP {r.status}")
-        elif scheme in ("postgresql", "mysql", "mssql"):
-            import sqlalchemy as sa
-            args = {"connect_timeout": max(1, int(timeout_s))} if scheme != "mssql" else {}
-            eng = sa.create_engine(uri, connect_args=args)
-            try:
-                with eng.connect() as conn:
-                    conn.execute(sa.text("SELECT 1"))
-            finally:
-                eng.dispose()
-    except Exception as exc:  # noqa: BLE001 - every failure is one line
-        orig = getattr(exc, "orig", None) or getattr(exc, "reason", None) or exc
-        reason = " ".join(str(orig).split())[:300] or type(orig).__name__
-        return f"tracking server {redact(uri)} does not answer ({type(orig).__name__}: {redact(reason)})"
-    return None
+    ``sqlite:///`` file: it exists and is an SQLite database (`dapo.store_checks.sqlite_file_problem`).
+    A server or database: it answers within ``timeout_s`` (`dapo.store_checks.server_problem`)."""
+    from dapo.store_checks import server_problem, sqlite_file_problem
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        if not db.exists() and not db.is_symlink():
+            return f"no tracking store at {tracking_uri} ({db} does not exist)"
+        problem = sqlite_file_problem(db, missing_ok=False)
+        return f"tracking store {tracking_uri}: {problem}" if problem else None
+    return server_problem(tracking_uri, timeout_s)
 
 
 def load_runs(tracking_uri: str, sweep_name: str, *, finished_only: bool = False,

@@ -37,6 +37,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+from dapo.store_checks import scheme as tracking_scheme
 from dapo.yaml_io import (MAX_ALIAS_NODES, ConfigError, RefusedYaml, password_refusal, safe_yaml_file, safe_yaml_text,
                           show, uri_password)
 
@@ -414,14 +415,6 @@ def _build(cls: type, data: dict, prefix: str, where: str) -> Any:
 TRACKING_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
 """URI schemes of ``logging.tracking_uri`` MLflow can store runs in ("" = a plain directory path;
 ``postgresql+psycopg2://`` counts as postgresql)."""
-
-
-def tracking_scheme(uri: str) -> str:
-    """The scheme of a tracking URI, lower case, without a ``+driver`` suffix ("" for a plain path)."""
-    head, sep, _ = uri.partition(":")
-    if not sep or (len(head) == 1 and head.isalpha()) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", head):
-        return ""
-    return head.split("+")[0].lower()
 
 
 def _check_ranges(cfg: Config, where: str) -> None:

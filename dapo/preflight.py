@@ -141,9 +141,6 @@ def check_model(name: str, where: str) -> None:
         _check_hub_model(name, where)
 
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
 def check_output_dir(cfg: Config, where: str) -> None:
     """``output_dir`` is a directory, or can become one: no part of it is a file."""
     p = Path(cfg.output_dir).expanduser()
@@ -160,14 +157,15 @@ def check_store(uri: str, where: str, key: str = "logging.tracking_uri") -> None
     """Raise ConfigError unless the MLflow store behind ``uri`` can be used: an existing ``sqlite:///``
     file must be an SQLite database (a missing one is created by the run); a server or database URI must
     answer (:func:`dapo.tracking.check_server`, a few seconds at most)."""
-    from dapo.tracking import TrackingError, _scheme, check_server, redact
+    from dapo.store_checks import SERVER_SCHEMES, scheme
+    from dapo.tracking import TrackingError, check_server, redact
     if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):])
         problem = sqlite_problem(db)
         if problem:
             raise ConfigError(f"{where}: {key} = {redact(uri)}: {problem}")
         return
-    if _scheme(uri) in ("http", "https", "postgresql", "postgres", "mysql", "mssql"):
+    if scheme(uri) in SERVER_SCHEMES:
         try:
             check_server(uri, timeout_s=5.0)
         except TrackingError as exc:
@@ -176,18 +174,8 @@ def check_store(uri: str, where: str, key: str = "logging.tracking_uri") -> None
 
 def sqlite_problem(db: Path) -> str | None:
     """Why the sqlite file ``db`` cannot be an MLflow store (None when it can, or does not exist yet)."""
-    if not db.exists():
-        return None if not db.is_symlink() else f"{db} is a broken symbolic link"
-    if db.is_dir():
-        return f"{db} is a directory, not an SQLite database"
-    try:
-        with open(db, "rb") as f:
-            head = f.read(len(SQLITE_MAGIC))
-    except OSError as exc:
-        return f"{db} cannot be read ({exc.strerror or exc})"
-    if head and head != SQLITE_MAGIC:
-        return f"{db} is not an SQLite database (a damaged or foreign file); move it aside to start a new store"
-    return None
+    from dapo.store_checks import sqlite_file_problem
+    return sqlite_file_problem(db, missing_ok=True)
 
 
 def check_run(cfg: Config, where: str) -> None:

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from dapo import faults
+from dapo.store_checks import SERVER_SCHEMES, scheme, server_problem
 from dapo.yaml_io import (PASSWORD_ENV_VAR, PASSWORD_FILE_VAR, password_refusal,  # the one place passwords
                           redact, uri_password)                                  # are found (config uses it)
 
@@ -237,50 +238,31 @@ def use_credentials(uri: str, *, password_env: str | None = None,
     return True
 
 
-def _scheme(uri: str) -> str:
-    return uri.split(":", 1)[0].split("+")[0].lower() if "://" in uri else ""
-
-
 def check_server(uri: str, timeout_s: float = 10.0) -> None:
     """Raise TrackingError (one line, password masked) unless the store behind ``uri`` answers.
 
-    ``http(s)://``: ``/health`` answers and an authenticated API call succeeds;
-    ``postgresql://`` / ``mysql://`` / ``mssql://``: a connection runs ``SELECT 1``.
-    ``sqlite:///`` and plain paths need no server (nothing is checked).
+    `dapo.store_checks.server_problem` (``/health`` of a server, ``SELECT 1`` of a database), and for
+    ``http(s)://`` an authenticated API call as well. ``sqlite:///`` and plain paths need no server.
     """
-    scheme = _scheme(uri)
+    problem = server_problem(uri, timeout_s)
+    if problem:
+        raise TrackingError(problem)
+    if scheme(uri) not in ("http", "https"):
+        return
+    from mlflow.tracking import MlflowClient
+    old = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
     try:
-        if scheme in ("http", "https"):
-            import urllib.request
-            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as r:
-                if r.status != 200:
-                    raise OSError(f"/health answered HTTP {r.status}")
-            from mlflow.tracking import MlflowClient
-            old = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
-            os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
-            try:
-                MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-            finally:
-                if old is None:
-                    os.environ.pop("MLFLOW_HTTP_REQUEST_MAX_RETRIES", None)
-                else:
-                    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = old
-        elif scheme in ("postgresql", "postgres", "mysql", "mssql"):
-            import sqlalchemy as sa
-            args = {"connect_timeout": max(1, int(timeout_s))} if scheme in ("postgresql", "postgres", "mysql") else {}
-            eng = sa.create_engine(uri, connect_args=args)
-            try:
-                with eng.connect() as conn:
-                    conn.execute(sa.text("SELECT 1"))
-            finally:
-                eng.dispose()
-    except TrackingError:
-        raise
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
-        orig = getattr(exc, "orig", None) or getattr(exc, "reason", None) or exc
-        reason = " ".join(str(orig).split())[:300] or type(exc).__name__
-        raise TrackingError(f"tracking server {redact(uri)} does not answer ({type(orig).__name__}: "
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise TrackingError(f"tracking server {redact(uri)} does not answer ({type(exc).__name__}: "
                             f"{redact(reason)})") from None
+    finally:
+        if old is None:
+            os.environ.pop("MLFLOW_HTTP_REQUEST_MAX_RETRIES", None)
+        else:
+            os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = old
 
 
 def git_commit(cwd: str | os.PathLike | None = None) -> str:
@@ -328,9 +310,9 @@ class Tracker:
             return
         refuse_password(tracking_uri, "logging.tracking_uri")
         use_credentials(tracking_uri)           # $DAPO_TRACKING_PASSWORD_FILE / _ENV, if named
-        if _scheme(tracking_uri) in ("http", "https"):   # call_with_retry is the one bounded back-off
+        if scheme(tracking_uri) in ("http", "https"):   # call_with_retry is the one bounded back-off
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        if _scheme(tracking_uri) in ("http", "https", "postgresql", "postgres", "mysql", "mssql"):
+        if scheme(tracking_uri) in SERVER_SCHEMES:
             # fail fast and clearly (a wrong password, no server) instead of inside MLflow's engine retries
             self._call(check_server, tracking_uri, what="reach the tracking server")
         from mlflow.tracking import MlflowClient
