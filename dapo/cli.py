@@ -107,11 +107,29 @@ def train_parser() -> argparse.ArgumentParser:
 
 
 def mlflow_ui_command(uri: str) -> str:
-    """The command that browses the MLflow store ``uri`` (a tracking server is its own UI)."""
+    """The command that browses the MLflow store ``uri`` (a tracking server is its own UI).
+
+    ``mlflow`` is named by the path of this environment's executable unless the one on ``PATH`` is
+    that same file: outside an activated venv a bare ``mlflow`` is "command not found"."""
     import shlex
+    import shutil
+    import sys
     if uri.startswith(("http://", "https://")):
         return f"open {uri} in a browser (the MLflow server serves the UI)"
-    return f"mlflow ui --backend-store-uri {shlex.quote(uri)}"
+    exe = "mlflow"
+    mine = Path(sys.executable).parent / "mlflow"
+    on_path = shutil.which("mlflow")
+    if mine.is_file() and not (on_path and Path(on_path).resolve() == mine.resolve()):
+        exe = shlex.quote(_short_path(mine))
+    return f"{exe} ui --backend-store-uri {shlex.quote(uri)}"
+
+
+def _short_path(p: Path) -> str:
+    """``p`` relative to the working directory when it lies under it (``.venv/bin/mlflow``), else absolute."""
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
 
 
 def _check_world(cfg) -> None:

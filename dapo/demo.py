@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from dapo.helptext import help_text
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -43,7 +45,7 @@ def final_table(df) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="dapo demo", description=__doc__,
+    p = argparse.ArgumentParser(prog="dapo demo", description=help_text(__doc__, None),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--spec", default=str(REPO / "sweeps" / "demo.yaml"), help="sweep spec to run")
     p.add_argument("--output", default=str(REPO / "runs" / "demo"), help="runs + MLflow store")
@@ -88,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         print(final_table(pd.read_csv(table)))
     print(f"report:  {Path(a.results) / 'report.md'}")
     print(f"figures: {Path(a.results) / 'figures'}")
-    print(f"MLflow:  sqlite:///{Path(a.output).resolve() / 'mlruns.db'}  "
-          f"(mlflow ui --backend-store-uri sqlite:///{Path(a.output).resolve() / 'mlruns.db'})")
+    from dapo.cli import mlflow_ui_command
+    store = f"sqlite:///{Path(a.output).resolve() / 'mlruns.db'}"
+    print(f"MLflow:  {store}  ({mlflow_ui_command(store)})")
     return 0
 
 

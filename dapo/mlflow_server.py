@@ -38,6 +38,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from dapo.helptext import help_text
 from dapo.tracking import TrackingError, credentials_env, read_password, redact, refuse_password
 
 __all__ = ["MlflowServer", "start_server", "free_port", "main"]
@@ -178,7 +179,7 @@ def _tail(path: Path, n: int = 20) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dapo.mlflow_server", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dapo.mlflow_server", description=help_text(__doc__))
     p.add_argument("--root", default="runs",
                    help="directory of the server log (and of mlruns.db / mlartifacts/ by default; default: runs)")
     p.add_argument("--backend-store-uri", metavar="URI",

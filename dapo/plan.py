@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Optional
 
 from dapo.config import Config, ConfigError, load_config
+from dapo.helptext import help_text
 
 __all__ = ["ModelShape", "KNOWN_MODELS", "model_shape", "Assumptions", "Term", "Plan", "memory_plan",
            "step_time", "render", "check_fits", "check_sweep", "main"]
@@ -475,7 +476,7 @@ def check_sweep(spec, profile, log=print) -> None:
 
 # --------------------------------------------------------------------------- command line
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dapo plan", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="dapo plan", description=help_text(__doc__),
                                 epilog="Exit 0 when the run fits, 1 when it does not, 2 on bad input.")
     p.add_argument("experiment", help="experiment YAML")
     p.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo.config import ConfigError, safe_yaml_file, show
+from dapo.helptext import help_text
 from dapo.preflight import finished_summary
 
 __all__ = ["run_rows", "main"]
@@ -175,7 +176,7 @@ def print_samples(run_dir: str | None, n: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="dapo runs", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="dapo runs", description=help_text(__doc__))
     p.add_argument("--output", default="runs", metavar="DIR", help="output root: runs in DIR/runs/ (default: runs)")
     p.add_argument("--sweep", metavar="SPEC", help="only the jobs of this sweep spec (its metric is shown)")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -23,8 +23,9 @@ import json
 import re
 import sys
 
-from dapo.config import ConfigError, parse_overrides
 from dapo.cluster import ClusterProfile, check_resources, load_profile
+from dapo.config import ConfigError, parse_overrides
+from dapo.helptext import help_text
 from dapo.plan import check_sweep
 from dapo.sweep_spec import Arm, Job, Spec, arms, check_sources_exist, expand, load_spec, sweep_info
 from dapo.yaml_checks import check_path
@@ -168,7 +169,7 @@ def cmd_cancel(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dapo sweep", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="dapo sweep", description=help_text(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Spec format: see dapo/sweep_spec.py and slurm/README.md.")
     sub = p.add_subparsers(dest="command", required=True)

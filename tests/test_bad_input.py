@@ -339,7 +339,7 @@ def test_runs_lists_arm_seed_status_step_metric_wall_and_the_mlflow_command(tmp_
     assert lines[3].split() == ["grpo", "1", jobs[1]["run_id"], "failed", "0/2", "-", "-"]
     assert lines[4].split() == ["clip_higher", "0", jobs[2]["run_id"], "stopped", "1/2", "-", "0m03s"]
     assert lines[5].split()[:4] == ["clip_higher", "1", jobs[3]["run_id"], "not"]
-    assert lines[-1] == f"browse: mlflow ui --backend-store-uri sqlite:///{out}/mlruns.db"
+    assert lines[-1].startswith("browse: ") and lines[-1].endswith(f"mlflow ui --backend-store-uri sqlite:///{out}/mlruns.db")
     plain = dapo("runs", "--output", str(out))
     assert len(plain.stdout.splitlines()) == 2 + 3 + 1               # the three run dirs that exist
 
@@ -418,3 +418,20 @@ def test_a_run_writes_its_mlflow_artifacts_under_its_output_dir_not_the_working_
     tr.finish()
     assert list(work.iterdir()) == []
     assert (out / "mlartifacts" / "exp" / tr.run_uuid / "artifacts" / "config.yaml").read_text() == "a: 1\n"
+
+
+def test_the_mlflow_ui_hint_runs_outside_an_activated_venv(tmp_path):
+    """README/`dapo runs`/`make demo` printed a bare `mlflow ui`: "command not found" unless the venv
+    was activated. The hint names this environment's mlflow unless PATH already finds that file."""
+    code = ("import sys; from dapo.cli import mlflow_ui_command as m; "
+            "print(m('sqlite:///' + sys.argv[1])); print(m('http://h:5000'))")
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.db")], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=60).stdout.splitlines()
+    mine = Path(sys.executable).parent / "mlflow"
+    assert out[0] == f"{mine} ui --backend-store-uri sqlite:///{tmp_path / 'm.db'}"
+    assert out[1].startswith("open http://h:5000 in a browser")
+    env["PATH"] = f"{mine.parent}:/usr/bin:/bin"                       # an activated venv: the bare name
+    out = subprocess.run([sys.executable, "-c", code, "x.db"], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=60).stdout.splitlines()
+    assert out[0] == "mlflow ui --backend-store-uri sqlite:///x.db"

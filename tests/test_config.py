@@ -290,3 +290,15 @@ def test_error_messages_show_at_most_200_characters_of_a_value():
     with pytest.raises(ConfigError) as e:
         load_config(None, [f"rollout.n=[{', '.join(['1'] * 10_000)}]"])
     assert len(str(e.value)) < 400
+
+
+def test_no_help_prints_raw_restructuredtext():
+    """Module docstrings reached ``--help`` with ``literals`` and :func:`roles` in them."""
+    from dapo.helptext import help_text
+    assert help_text("``dapo x``: see :func:`dapo.a.b` and :mod:`~dapo.c`.\n\nsecond") == "dapo x: see dapo.a.b and dapo.c."
+    assert help_text("a\n\nb ``c``", None) == "a\n\nb c"
+    for cmd in ("sweep", "runs", "plan", "demo", "train", "config", "eval", "figures", "base"):
+        out = subprocess.run([sys.executable, "-m", "dapo.cli", cmd, "--help"], capture_output=True, text=True,
+                             cwd=REPO, timeout=120)
+        assert out.returncode == 0, (cmd, out.stderr[-500:])
+        assert "``" not in out.stdout and ":func:`" not in out.stdout and ":class:`" not in out.stdout, (cmd, out.stdout)
