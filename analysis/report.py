@@ -381,9 +381,9 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
     args = _parse(parser, argv)
     formats = tuple(f.strip().lstrip(".") for f in args.formats.split(",") if f.strip())
     if not formats or formats[0] != "png":
-        parser.error("--formats must start with png (the report embeds the PNGs)")
+        raise InputError("--formats must start with png (the report embeds the PNGs)")
     if args.reading and not Path(args.reading).is_file():
-        parser.error(f"--reading {args.reading}: no such file")
+        raise InputError(f"--reading {args.reading}: no such file")
     if args.final_k is not None and args.final_k < 1:
         raise InputError(f"--final-k {args.final_k}: expected an integer >= 1 (the number of last evaluations "
                          f"a run's final value is the mean of)")
@@ -398,9 +398,9 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
     if args.from_snapshot is not None:
         snap_dir = args.from_snapshot or (str(Path("results") / name / "snapshot") if name else None)
         if not snap_dir:
-            parser.error("--from-snapshot without DIR needs the sweep (SPEC or --sweep)")
+            raise InputError("--from-snapshot without DIR needs the sweep (SPEC or --sweep)")
         if not (Path(snap_dir) / "runs.parquet").exists():
-            parser.error(f"no snapshot in {snap_dir} (runs.parquet missing)")
+            raise InputError(f"no snapshot in {snap_dir} (runs.parquet missing)")
         try:
             tidy, configs, snap_sweep = load_snapshot(snap_dir)
             problems = load_problems(snap_dir)
@@ -422,12 +422,12 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
         out = Path(args.to) if args.to else Path(snap_dir).resolve().parent
     else:
         if not name:
-            parser.error("give the sweep (SPEC or --sweep NAME), or --from-snapshot DIR")
+            raise InputError("give the sweep (SPEC or --sweep NAME), or --from-snapshot DIR")
         uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
             db = Path(args.runs).resolve() / "mlruns.db"
             if not db.exists():
-                parser.error(f"no tracking store: give --tracking-uri, set $MLFLOW_TRACKING_URI, "
+                raise InputError(f"no tracking store: give --tracking-uri, set $MLFLOW_TRACKING_URI, "
                              f"or point --runs at the sweep's output root ({db} does not exist)")
             uri = f"sqlite:///{db}"
         problem = store_problem(uri)   # a missing sqlite file (MLflow would create an empty store there),

@@ -673,3 +673,15 @@ def test_one_store_check_for_preflight_tracker_and_analysis(tmp_path, case):
         assert "does not exist" in via_analysis
     else:
         assert via_analysis == (None if problem is None else f"tracking store sqlite:///{db}: {problem}")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--sweep", "s", "--formats", "svg"], "--formats must start with png"),
+    (["--sweep", "s", "--reading", "/nonexistent/reading.md"], "--reading /nonexistent/reading.md: no such file"),
+    (["--from-snapshot"], "--from-snapshot without DIR needs the sweep"),
+    (["--from-snapshot", "/nonexistent-snap"], "no snapshot in /nonexistent-snap (runs.parquet missing)"),
+    ([], "give the sweep (SPEC or --sweep NAME), or --from-snapshot DIR"),
+])
+def test_figures_argument_mistakes_are_one_line_without_usage(capsys, argv, words):
+    """These went through argparse: a `usage:` block, then the error."""
+    assert words in _figures(capsys, *argv)
