@@ -68,10 +68,13 @@ def _final_metric(summary: dict | None, metric: str | None) -> tuple[str, float 
     return name, _number(ev.get(name))
 
 
-def run_row(run_dir: Path, metric: str | None = None, arm: str = "", seed: Any = "") -> dict[str, Any]:
+def run_row(run_dir: Path, metric: str | None = None, arm: str = "", seed: Any = "",
+            total: int | None = None) -> dict[str, Any]:
     """One run directory → {arm, seed, run_id, status, step, total, metric, value, wall_s, tracking_uri,
     threads, thread_s, gen_tokens, trained_tokens}.
 
+    total: the run's rollout steps from its config.yaml, else ``total`` (a sweep job's, before its run
+    dir exists), else None.
     thread_s = wall_s × train.threads (None when threads is null, i.e. all cores, or wall unknown);
     gen_tokens / trained_tokens: summary.json's totals when it has them, else None.
     """
@@ -94,7 +97,7 @@ def run_row(run_dir: Path, metric: str | None = None, arm: str = "", seed: Any =
     wall = _number(wall)
     threads = _number(tr.get("threads"))
     return {"arm": log.get("arm") or arm or "-", "seed": tr.get("seed", seed), "run_id": run_dir.name,
-            "status": status, "step": step, "total": tr.get("rollout_steps", "?"), "metric": name, "value": value,
+            "status": status, "step": step, "total": tr.get("rollout_steps", total), "metric": name, "value": value,
             "wall_s": wall, "tracking_uri": uri, "threads": threads,
             "thread_s": wall * threads if wall is not None and threads is not None else None,
             "gen_tokens": _number((summary or {}).get("gen_tokens")),
@@ -107,7 +110,7 @@ def run_rows(output: str | Path = "runs", spec: str | None = None) -> list[dict[
     if spec is not None:
         from dapo.sweep_spec import expand, load_spec
         s = load_spec(spec)
-        return [run_row(j.run_dir, s.metric, j.arm, j.seed) for j in expand(s, out)]
+        return [run_row(j.run_dir, s.metric, j.arm, j.seed, j.config.train.rollout_steps) for j in expand(s, out)]
     root = out / "runs"
     dirs = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     return [run_row(d) for d in dirs]
@@ -133,7 +136,8 @@ def table_rows(rows: list[dict[str, Any]], cost: bool = False) -> tuple[list[lis
     """(cells, header) of the printed table; ``cost`` adds threads, thread-s, gen tok, trained tok."""
     metric = next((r["metric"] for r in rows if r["metric"]), "final metric")
     head = ["arm", "seed", "run_id", "status", "step", metric, "wall"]
-    cells = [[r["arm"], r["seed"], r["run_id"], r["status"], f"{r['step']}/{r['total']}",
+    cells = [[r["arm"], r["seed"], r["run_id"], r["status"],
+              f"{r['step']}/{r['total']}" if r["total"] is not None else f"{r['step']}/-",
               "-" if r["value"] is None else f"{r['value']:.4f}", _fmt_wall(r["wall_s"])] for r in rows]
     if cost:
         head += ["threads", "thread-s", "gen_tok", "trained_tok"]

@@ -338,7 +338,7 @@ def test_runs_lists_arm_seed_status_step_metric_wall_and_the_mlflow_command(tmp_
     assert lines[2].split() == ["grpo", "0", jobs[0]["run_id"], "done", "2/2", "0.3750", "2m05s"]
     assert lines[3].split() == ["grpo", "1", jobs[1]["run_id"], "failed", "0/2", "-", "-"]
     assert lines[4].split() == ["clip_higher", "0", jobs[2]["run_id"], "stopped", "1/2", "-", "0m03s"]
-    assert lines[5].split()[:4] == ["clip_higher", "1", jobs[3]["run_id"], "not"]
+    assert lines[5].split()[:6] == ["clip_higher", "1", jobs[3]["run_id"], "not", "started", "0/2"]   # was 0/?
     assert lines[-1].startswith("browse: ") and lines[-1].endswith(f"mlflow ui --backend-store-uri sqlite:///{out}/mlruns.db")
     plain = dapo("runs", "--output", str(out))
     assert len(plain.stdout.splitlines()) == 2 + 3 + 1               # the three run dirs that exist
