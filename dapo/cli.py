@@ -155,9 +155,9 @@ def train_main(argv: list[str], train_fn=None) -> int:
         print(train_parser().format_usage() + TRAIN_EXAMPLE, file=sys.stderr)
         return 2
     a = train_parser().parse_args(argv)
-    from dapo.config import ConfigError, config_hash, load_config, show, to_dict
+    from dapo.config import ConfigError, load_config, show, to_dict
     from dapo.preflight import check_run, finished_summary
-    from dapo.run_dir import RunDirBusy, check_run_dir, hold_run_dir
+    from dapo.run_dir import RunDirBusy, check_run_dir, hold_run_dir, run_dir_for
     main_rank = int(os.environ.get("RANK", "0") or 0) == 0   # rank 0 of a multi-process run checks and locks
     try:
         if a.run_dir is not None and (not a.run_dir or any(ord(c) < 32 or ord(c) == 127 for c in a.run_dir)):
@@ -169,7 +169,7 @@ def train_main(argv: list[str], train_fn=None) -> int:
             return 0
         check_run(cfg, a.experiment)
         _check_world(cfg)
-        run_dir = Path(a.run_dir) if a.run_dir else Path(cfg.output_dir) / "runs" / f"{cfg.name}-{config_hash(cfg)}"
+        run_dir = Path(a.run_dir) if a.run_dir else run_dir_for(cfg)
         if main_rank:
             check_run_dir(cfg, run_dir, allow_resource_change=a.allow_resource_change)
     except ConfigError as exc:

@@ -1,5 +1,7 @@
 """A run directory: what it may hold, whether a config may resume it, and one process at a time.
 
+    run_dir_for(cfg)              ``<output_dir>/runs/<name>-<hash>``: where ``dapo train`` puts a run
+                                  (a sweep's jobs use ``<output>/runs/<hash>``, the run id alone)
     check_run_dir(cfg, run_dir)   before anything is written: the directory is new, empty, or holds a
                                   run of this config (its ``config.yaml`` has the same run id, and no
                                   resource-only key differs unless ``allow_resource_change``); a
@@ -30,7 +32,7 @@ from typing import Any, Iterator
 from dapo.config import Config, ConfigError, build_config, config_diff, config_hash, show
 from dapo.yaml_io import safe_yaml_file
 
-__all__ = ["RunDirBusy", "check_run_dir", "hold_run_dir", "LOCK_FILE", "RUN_ENTRIES"]
+__all__ = ["RunDirBusy", "run_dir_for", "check_run_dir", "hold_run_dir", "LOCK_FILE", "RUN_ENTRIES"]
 
 LOCK_FILE = "run.lock"
 # What a run (dapo train, a sweep job) writes at the top of its directory.
@@ -38,6 +40,11 @@ RUN_ENTRIES = frozenset({"config.yaml", "checkpoints", "mlflow_run.json", "summa
                          "eval_records", "engine.log", ".engine-logging.json", LOCK_FILE, "job.json",
                          "requeues.json", "failed.json"})
 _RUN_ENTRY_RE = re.compile(r"\.launch-config\.node\d+\.yaml|\..+\.\d+\.tmp")   # per-node configs, atomic writes
+
+
+def run_dir_for(cfg: Config) -> Path:
+    """``<output_dir>/runs/<name>-<hash>``: the same resolved config → the same directory."""
+    return Path(cfg.output_dir) / "runs" / f"{cfg.name}-{config_hash(cfg)}"
 
 
 class RunDirBusy(ConfigError):

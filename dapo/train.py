@@ -41,18 +41,13 @@ from dapo.evaluate import eval_seed, evaluate
 from dapo.logprobs import old_logprobs, response_loss_mask, response_mask, rollout_logprobs, single_step_on_policy
 from dapo.rollout import make_rollout_engine, rollout_with_retry, round_seed
 from dapo.run_data import load_run_data
-from dapo.run_dir import hold_run_dir
+from dapo.run_dir import hold_run_dir, run_dir_for
 from dapo.tracking import mark_run_ended
 from dapo.update import (NonFiniteError, Policy, StepStats, build_policy, mean_metrics, old_policy_metrics,
                          update_policy)
 from dapo.weight_sync import push_weights, release_engine
 
 __all__ = ["train", "run_dir_for", "main", "Timer"]
-
-
-def run_dir_for(cfg: Config) -> Path:
-    """``<output_dir>/runs/<name>-<hash>``: the same resolved config → the same directory."""
-    return Path(cfg.output_dir) / "runs" / f"{cfg.name}-{config_hash(cfg)}"
 
 
 class Timer:
