@@ -51,8 +51,9 @@ from .runs import (SnapshotError, SweepInfo, load_problems, load_runs, load_snap
                    snapshot, store_problem)
 from .metric_names import primary_metric
 from .stats import BAND_METHOD
-from .tables import (COST_NOTE, compare_table, cost_ledger, decision_rule, family_table, format_cost, format_family,
-                     format_table1, loop_seconds, paired_line, table1, table1_footnote, to_csv, to_latex, to_markdown)
+from .tables import (COST_NOTE, compare_table, cost_ledger, decidable_note, decision_rule, family_table, format_cost,
+                     format_family, format_table1, loop_seconds, paired_line, table1, table1_footnote, to_csv, to_latex,
+                     to_markdown)
 
 __all__ = ["write_report", "main"]
 
@@ -201,6 +202,8 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              + "".join(f"; plus {m['n_runs']} runs from the snapshot of {m.get('created')} (commit {m.get('commit')})"
                        for m in meta.get("merged") or []),
              "", decision_rule(int(fam.attrs.get("m", len(fam)))), "",
+             *([note, ""] if (note := decidable_note(int(fam.attrs.get("m", len(fam))),
+                                                     int(fam["n"].min()) if len(fam) else 0)) else []),
              "## The primary family", "",
              to_markdown(format_family(fam)) if len(fam) else "Fewer than two arms with runs: no comparison.",
              "Numbers: [family.csv](family.csv). TOST ±m: the metric's declared equivalence margin "

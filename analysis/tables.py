@@ -22,8 +22,8 @@ from .arms import (TOGGLES, arms_with_runs, baseline_arm, dapo_arm, exact_pairs,
 from .metric_names import (dataset_name, equivalence_margin, is_paper_metric, mask_undefined, metric_scale,
                            metric_short, primary_metric)
 from .runs import ArmInfo, SweepInfo
-from .stats import (SEEDS_NEEDED_METHOD, effect_verdict, holm, interval_label, paired_diff, run_finals, sd_interval,
-                    seeds_needed_sign_flip, t_interval)
+from .stats import (SEEDS_NEEDED_METHOD, effect_verdict, holm, interval_label, min_pairs_sign_flip, paired_diff,
+                    run_finals, sd_interval, seeds_needed_sign_flip, t_interval)
 
 __all__ = ["table1", "format_table1", "table1_footnote", "primary_pairs", "family_table", "format_family",
            "decision_rule", "loop_seconds", "compare_table", "paired_line", "cost_ledger", "format_cost", "COST_NOTE",
@@ -312,6 +312,26 @@ def decision_rule(m: int, alpha: float = ALPHA) -> str:
             f"their method and true level (the exact sign-flip interval at n pairs has level 1 − 2k/2^n). Every "
             f"other number in this report (mechanisms, learning, the arm-vs-arm comparison) is **exploratory**: "
             f"its p is unadjusted and its verdict a lead, not a finding. Methods: docs/STATISTICS.md.")
+
+
+def decidable_note(m: int, pairs: int, alpha: float = ALPHA) -> str:
+    """One sentence when the family cannot be decided with ``pairs`` pairs (the fewest of any row), else "".
+
+    The exact two-sided sign-flip test's smallest p at n pairs is 2/2^n, and Holm's first step needs
+    p ≤ α/m, so below :func:`min_pairs_sign_flip` (α/m) pairs no row can be decided whatever the data."""
+    if m < 1:
+        return ""
+    need = min_pairs_sign_flip(alpha / m)
+    if pairs >= need:
+        return ""
+    if pairs < 2:
+        what = (f"With {max(pairs, 0)} pair{'s' if pairs != 1 else ''} per comparison there is no test: every p "
+                f"below is 1 (or –) by construction, whatever the data")
+    else:
+        what = (f"With {pairs} pairs (the fewest of any row) the exact test's smallest p is 2/2^{pairs} = "
+                f"{2 / 2 ** pairs:.3f}, and Holm over {m} needs {alpha / m:.4f} for its first row")
+    return (f"**What these seeds can decide: nothing yet.** {what}; {need} pairs per comparison are the fewest "
+            f"with which a row of this family can be decided. The differences below are directions, not findings.")
 
 
 def format_family(df: pd.DataFrame) -> pd.DataFrame:

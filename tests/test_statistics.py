@@ -203,3 +203,18 @@ def test_a_sweep_declares_its_own_margins(tmp_path):
     spec.write_text(spec.read_text().replace("train/entropy: 0.02", "train/entropy: 0"))
     with pytest.raises(ConfigError, match="margins.train/entropy = 0: an equivalence margin must be > 0"):
         load_spec(spec)
+
+
+@pytest.mark.parametrize("m, pairs", [(1, 5), (1, 6), (5, 7), (5, 8), (6, 7), (6, 8), (6, 1), (6, 0)])
+def test_the_report_says_when_its_seeds_cannot_decide_the_family(m, pairs):
+    """"Nothing yet" exactly when even all-positive differences (the most extreme data) cannot reach
+    Holm's first-step level α/m with the exact test: the note is about the design, not the data."""
+    from analysis.stats import sign_flip_p
+    from analysis.tables import decidable_note
+    best = sign_flip_p([1.0 + i / 10 for i in range(pairs)])[0] if pairs else float("nan")
+    can = np.isfinite(best) and best <= 0.05 / m
+    note = decidable_note(m, pairs)
+    assert (note == "") == bool(can), (m, pairs, best, note)
+    if note:
+        assert "nothing yet" in note and "directions, not findings" in note
+        assert f"{ {1: 6, 5: 8, 6: 8}[m]} pairs per comparison are the fewest" in note
