@@ -18,12 +18,13 @@ resumed job always gets it. Only rank 0 of a multi-process run takes it (the oth
 directory with it). A POSIX lock is released when its process closes *any* descriptor of the file,
 so this process never opens ``run.lock`` a second time (:func:`hold_run_dir` is re-entrant instead).
 
-Pure standard library plus :mod:`dapo.config`: no torch, nothing imported that writes.
+Pure standard library plus :mod:`dapo.config` and :mod:`dapo.store_checks`: no torch, nothing imported that writes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 from pathlib import Path
@@ -92,10 +93,28 @@ def check_run_dir(cfg: Config, run_dir: str | os.PathLike, *, allow_resource_cha
                           f"one (run id {config_hash(cfg)}) in keys that change its numbers: {_changes(diff['run'])}; "
                           f"resuming would mix two configs in one run. Omit --run-dir (each config gets its own "
                           f"directory) or give a new one")
+    _check_store(cfg, run_dir)
     if diff["resources"] and not allow_resource_change:
         raise ConfigError(f"run directory {run_dir}: resource-only keys differ from the run's config: "
                           f"{_changes(diff['resources'])}; they do not change the run's numbers: pass "
                           f"--allow-resource-change to resume with them")
+
+
+def _check_store(cfg: Config, run_dir: Path) -> None:
+    """The run's MLflow run (``mlflow_run.json``) lives in the store this config logs to: resuming
+    into another store (a changed ``output_dir`` or ``logging.tracking_uri``) would log to a run id
+    that store does not have."""
+    from dapo.store_checks import default_store_uri, same_store
+    from dapo.yaml_io import redact
+    try:
+        was = json.loads((run_dir / "mlflow_run.json").read_text()).get("tracking_uri")
+    except (OSError, ValueError, AttributeError):
+        return
+    now = cfg.logging.tracking_uri or default_store_uri(cfg.output_dir)
+    if isinstance(was, str) and was and not same_store(was, now):
+        raise ConfigError(f"run directory {run_dir} logs to the MLflow store {redact(was)} (its mlflow_run.json), "
+                          f"but this config logs to {redact(now)} (output_dir / logging.tracking_uri): its MLflow "
+                          f"run is not there. Resume with the run's store, or give a new --run-dir")
 
 
 _HELD: dict[str, int] = {}   # resolved run dir → the descriptor of its lock file, in this process

@@ -15,7 +15,7 @@ from pathlib import Path
 from dapo.yaml_io import redact
 
 __all__ = ["SQLITE_MAGIC", "SQLITE_HEADER_BYTES", "scheme", "sqlite_file_problem", "server_problem",
-           "SERVER_SCHEMES"]
+           "SERVER_SCHEMES", "default_store_uri", "same_store"]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 SQLITE_HEADER_BYTES = 100          # an SQLite file's fixed header; a shorter non-empty file is damaged
@@ -29,6 +29,19 @@ def scheme(uri: str) -> str:
     if not sep or (len(head) == 1 and head.isalpha()) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", head):
         return ""
     return head.split("+")[0].lower()
+
+
+def default_store_uri(output_dir: str | Path) -> str:
+    """The store a run logs to without ``logging.tracking_uri``: ``sqlite:///<output_dir>/mlruns.db``
+    (the directory made absolute; nothing is created)."""
+    return f"sqlite:///{Path(output_dir).expanduser().resolve() / 'mlruns.db'}"
+
+
+def same_store(a: str, b: str) -> bool:
+    """Whether two tracking URIs name one store (sqlite files compared as resolved paths)."""
+    if a.startswith("sqlite:///") and b.startswith("sqlite:///"):
+        return Path(a[len("sqlite:///"):]).resolve() == Path(b[len("sqlite:///"):]).resolve()
+    return a.rstrip("/") == b.rstrip("/")
 
 
 def sqlite_file_problem(db: Path, *, missing_ok: bool = True) -> str | None:

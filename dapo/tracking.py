@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from dapo import faults
-from dapo.store_checks import SERVER_SCHEMES, scheme, server_problem
+from dapo.store_checks import SERVER_SCHEMES, default_store_uri, scheme, server_problem
 from dapo.yaml_io import (PASSWORD_ENV_VAR, PASSWORD_FILE_VAR, password_refusal,  # the one place passwords
                           redact, uri_password)                                  # are found (config uses it)
 
@@ -159,9 +159,8 @@ def artifact_location(uri: str, experiment: str) -> str | None:
 
 def default_tracking_uri(output_dir: str | os.PathLike) -> str:
     """The embedded default store: ``sqlite:///<output_dir>/mlruns.db``."""
-    p = Path(output_dir).resolve()
-    p.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{p / 'mlruns.db'}"
+    Path(output_dir).expanduser().resolve().mkdir(parents=True, exist_ok=True)
+    return default_store_uri(output_dir)
 
 
 # --------------------------------------------------------------------------- servers and secrets

@@ -151,6 +151,20 @@ def test_a_directory_that_is_not_a_run_dir_is_refused_and_left_alone(tmp_path, t
     assert rc == 2 and not calls and "not a directory" in err
 
 
+def test_resuming_into_another_mlflow_store_is_refused(tmp_path, train_main):
+    """A run dir resumed with another output_dir (the default store moves with it) or tracking URI
+    logged to an MLflow run id the new store does not have (a RELIABILITY.md known gap)."""
+    import json
+    d = _stored_run(tmp_path / "run", f"output_dir={tmp_path / 'a'}")
+    (d / "mlflow_run.json").write_text(json.dumps({"run_id": "abc", "tracking_uri": f"sqlite:///{tmp_path / 'a' / 'mlruns.db'}"}))
+    rc, err, calls = train_main(f"output_dir={tmp_path / 'b'}", "--run-dir", str(d))
+    assert rc == 2 and not calls and "mlflow_run.json" in err and str(tmp_path / "b" / "mlruns.db") in err, err
+    rc, err, calls = train_main(f"logging.tracking_uri=sqlite:///{tmp_path / 'other.db'}", "--run-dir", str(d))
+    assert rc == 2 and not calls and "its MLflow run is not there" in err, err
+    rc, err, calls = train_main(f"output_dir={tmp_path / 'x' / '..' / 'a'}", "--run-dir", str(d))   # the same store
+    assert rc == 0 and len(calls) == 1, err
+
+
 def test_config_diff_groups_keys_by_what_they_change():
     a = load_config(SMOKE)
     b = load_config(SMOKE, ["train.lr=0.5", "train.threads=3", "logging.arm=z", "name=other"])
