@@ -107,6 +107,16 @@ def check_cuda() -> bool:
         f"bring (they need no `module load cuda`). To run on CPU anyway, set {EXPECT_CUDA_ENV}=0")
 
 
+_groups: dict[str, Any] = {}   # "rollout": the gloo group of the rollout's gathers (created by init_distributed)
+
+
+def rollout_group() -> Any:
+    """The process group of the rollout's gathers (its own gloo group with ``launch.rollout_timeout_s``),
+    or None (the default group) when :func:`init_distributed` made none (one process, or a group
+    made elsewhere)."""
+    return _groups.get("rollout")
+
+
 def init_distributed(timeout_s: float = 600.0, rollout_timeout_s: float | None = None) -> DistInfo:
     """Create the default process group from the launcher's environment (idempotent), and the
     rollout's gloo group (:func:`rollout_group`).
@@ -178,16 +188,6 @@ def destroy_distributed(world: int) -> None:
     if world > 1 and dist.is_initialized():
         dist.destroy_process_group()   # every group, the rollout group included
     _groups.clear()
-
-
-_groups: dict[str, Any] = {}   # "rollout": the gloo group of the rollout's gathers (created by init_distributed)
-
-
-def rollout_group() -> Any:
-    """The process group of the rollout's gathers (its own gloo group with ``launch.rollout_timeout_s``),
-    or None (the default group) when :func:`init_distributed` made none (one process, or a group
-    made elsewhere)."""
-    return _groups.get("rollout")
 
 
 # --------------------------------------------------------------------------- collectives
