@@ -231,7 +231,8 @@ class TrainConfig:
     betas: tuple[float, float] = doc("AdamW betas", (0.9, 0.999))
     grad_clip: float = doc("max global gradient norm (the paper: 1.0)", 1.0)
     nonfinite: Literal["skip", "stop"] = doc("NaN/inf loss or gradient: skip the optimizer step, or stop the run", "skip")
-    threads: Optional[int] = doc("torch CPU threads (None = all cores)", None)
+    threads: Optional[int] = doc("torch CPU threads per process (None = OMP_NUM_THREADS if set, else this "
+                                 "process's CPUs (affinity) / processes on the node)", None)
     staleness: int = doc("k: the rollouts of step r are sampled with the weights after update r-1-k (the "
                          "initial ones before that), deterministically (dapo.staleness); 0 = on-policy, as the paper. "
                          "pi_old stays the trainer's (decoupled: algo.rollout_correction weighs the lag) unless "
@@ -273,7 +274,10 @@ class LaunchConfig:
     fsdp: bool = doc("shard the policy with FSDP (multi-GPU)", False)
     accelerate_config: Optional[str] = doc("path to an accelerate YAML (e.g. slurm/accelerate-fsdp.yaml); relative: to "
                                            "the experiment's folder, the spec's, the cwd, then the repo", None)
-    pg_timeout_s: int = doc("process-group timeout in seconds: a collective waiting longer fails the run", 600)
+    pg_timeout_s: int = doc("process-group timeout in seconds: a collective waiting longer fails the run "
+                            "(the update's NCCL ones, weight sync, checkpoints; not the rollout's gathers)", 600)
+    rollout_timeout_s: Optional[int] = doc("timeout in seconds of the rollout's and eval's gathers, where ranks wait "
+                                           "for the slowest engine's generation round (null = pg_timeout_s)", None)
 
 
 @dataclass(frozen=True)
@@ -534,6 +538,8 @@ def _check_ranges(cfg: Config, where: str) -> None:
          r.tensor_parallel_size, f"must divide launch.num_processes ({cfg.launch.num_processes}): "
          f"an engine's GPUs are inside one node")
     need(cfg.launch.pg_timeout_s >= 1, "launch.pg_timeout_s", cfg.launch.pg_timeout_s, "must be >= 1")
+    need(cfg.launch.rollout_timeout_s is None or cfg.launch.rollout_timeout_s >= 1, "launch.rollout_timeout_s",
+         cfg.launch.rollout_timeout_s, "must be >= 1 or null")
 
 
 # Names that become a path (the run dir <output_dir>/runs/<name>-<hash>, MLflow's artifact folder
@@ -739,7 +745,7 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 # Resource knobs: how a run uses its machines, never what it computes (a resumed run may change them).
 # tensor_parallel_size and logits_chunk_tokens only reorder floating-point sums, like the engine's batch.
 UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep_mode",
-                 "train.logits_chunk_tokens", "launch.pg_timeout_s")
+                 "train.logits_chunk_tokens", "launch.pg_timeout_s", "launch.rollout_timeout_s")
 # Keys added after runs existed that do change the numbers: hashed only when they differ from the value
 # below (the behaviour before they existed), so every older run id stays valid.
 HASHED_WHEN_NOT = {"data.train_skip": 0, "train.max_tokens_per_micro_batch": None, "train.staleness": 0}

@@ -7,6 +7,15 @@ default process group with a timeout from the config (``launch.pg_timeout_s``), 
 that waits in a collective for a peer that died or is busy alone fails with a timeout
 instead of hanging. One process (no ``WORLD_SIZE`` or 1) creates no group at all.
 
+Two timeouts: the rollout's gathers (a rank that finished its share of a generation round
+waits there for the slowest engine: minutes at long responses) run on their own gloo group,
+:func:`rollout_group`, with ``launch.rollout_timeout_s``; everything else (the update's
+NCCL collectives, weight sync, checkpoints, counters) keeps the short ``pg_timeout_s``, so a
+dead or stuck rank outside generation fails the job in minutes, not in an hour.
+
+CPU threads per process (:func:`cpu_threads`): ``train.threads``, else ``OMP_NUM_THREADS``,
+else this process's CPUs (its affinity mask) shared by the processes of its node.
+
 Sharding is FSDP2 (``torch.distributed.fsdp.fully_shard``): each decoder layer is one
 unit, the root (embeddings, final norm, lm_head) another. Master weights, gradients and
 optimizer state stay fp32 and are sharded 1/world per rank; with bf16 on, layers are
@@ -35,7 +44,8 @@ import torch
 __all__ = ["DistInfo", "init_distributed", "CudaUnavailableError", "EXPECT_CUDA_ENV", "cuda_expected", "check_cuda", "destroy_distributed", "launcher_world_size",
            "all_gather_object", "broadcast_object", "barrier", "all_reduce_sum", "pad_to_busiest",
            "is_sharded", "shard_causal_lm", "final_state_dict", "load_sharded_causal_lm", "clip_grad_norm",
-           "full_tensor", "split_for_rank"]
+           "full_tensor", "split_for_rank", "rollout_group", "all_gather_strided", "broadcast_bytes_from",
+           "cpu_threads", "usable_cpus", "set_cpu_threads"]
 
 
 @dataclass(frozen=True)
@@ -97,12 +107,25 @@ def check_cuda() -> bool:
         f"bring (they need no `module load cuda`). To run on CPU anyway, set {EXPECT_CUDA_ENV}=0")
 
 
-def init_distributed(timeout_s: float = 600.0) -> DistInfo:
-    """Create the default process group from the launcher's environment (idempotent).
+_groups: dict[str, Any] = {}   # "rollout": the gloo group of the rollout's gathers (created by init_distributed)
+
+
+def rollout_group() -> Any:
+    """The process group of the rollout's gathers (its own gloo group with ``launch.rollout_timeout_s``),
+    or None (the default group) when :func:`init_distributed` made none (one process, or a group
+    made elsewhere)."""
+    return _groups.get("rollout")
+
+
+def init_distributed(timeout_s: float = 600.0, rollout_timeout_s: float | None = None) -> DistInfo:
+    """Create the default process group from the launcher's environment (idempotent), and the
+    rollout's gloo group (:func:`rollout_group`).
 
     Backend: NCCL for CUDA tensors plus gloo for CPU tensors (objects, counters) on a GPU
-    machine; gloo alone on CPU. ``timeout_s`` bounds every collective (launch.pg_timeout_s).
-    A job that should have GPUs and finds no CUDA fails here (:func:`check_cuda`).
+    machine; gloo alone on CPU. ``timeout_s`` bounds every collective of the default group
+    (launch.pg_timeout_s); ``rollout_timeout_s`` (None: the same) those of the rollout group
+    (launch.rollout_timeout_s). A job that should have GPUs and finds no CUDA fails here
+    (:func:`check_cuda`).
     """
     import torch.distributed as dist
 
@@ -118,7 +141,44 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
         dist.init_process_group(backend="cpu:gloo,cuda:nccl" if cuda else "gloo",
                                 timeout=datetime.timedelta(seconds=float(timeout_s)),
                                 **({"device_id": device} if cuda else {}))
+    if world > 1 and _groups.get("rollout") is None:   # every rank creates it (a collective), once
+        _groups["rollout"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(
+            seconds=float(rollout_timeout_s if rollout_timeout_s is not None else timeout_s)))
     return DistInfo(rank=rank, world=world, local_rank=local_rank, device=device)
+
+
+def cpu_threads(configured: int | None, omp_num_threads: str | None, usable: int, local_processes: int) -> int:
+    """Torch CPU threads for one process: ``configured`` (``train.threads``) when set, else a valid
+    ``OMP_NUM_THREADS`` (the launcher's or the profile's), else the ``usable`` CPUs (this process's
+    affinity mask) shared by the ``local_processes`` of its node (at least 1)."""
+    if configured is not None:
+        return int(configured)
+    try:
+        omp = int(str(omp_num_threads).strip())
+    except ValueError:
+        omp = 0
+    if omp >= 1:
+        return omp
+    return max(1, usable // max(1, local_processes))
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; all of them where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def set_cpu_threads(configured: int | None) -> int:
+    """Set torch's CPU threads (and ``OMP_NUM_THREADS`` if unset: vLLM otherwise drops torch to
+    1 thread) to :func:`cpu_threads` of this process; returns the count. ``LOCAL_WORLD_SIZE`` (set
+    by torchrun / accelerate launch) gives the processes of the node."""
+    threads = cpu_threads(configured, os.environ.get("OMP_NUM_THREADS"), usable_cpus(),
+                          int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    torch.set_num_threads(threads)
+    return threads
 
 
 def destroy_distributed(world: int) -> None:
@@ -126,17 +186,53 @@ def destroy_distributed(world: int) -> None:
     group that exists then is vLLM's own, and vLLM tears it down)."""
     import torch.distributed as dist
     if world > 1 and dist.is_initialized():
-        dist.destroy_process_group()
+        dist.destroy_process_group()   # every group, the rollout group included
+    _groups.clear()
 
 
 # --------------------------------------------------------------------------- collectives
-def all_gather_object(obj: Any, world: int) -> list[Any]:
-    """``[obj of rank 0, obj of rank 1, ...]`` on every rank (``[obj]`` for one process)."""
+def all_gather_object(obj: Any, world: int, group: Any = None) -> list[Any]:
+    """``[obj of rank 0, obj of rank 1, ...]`` on every rank (``[obj]`` for one process).
+    ``group``: a process group spanning all ranks (None: the default group)."""
     if world == 1:
         return [obj]
     import torch.distributed as dist
     out: list[Any] = [None] * world
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def all_gather_strided(values: torch.Tensor, n: int, rank: int, world: int, group: Any = None) -> torch.Tensor:
+    """The [n] values of which each rank holds those of :func:`split_for_rank` (``values``: [len of
+    its share], one dtype on every rank), in global order on every rank. A collective."""
+    if world == 1:
+        return values
+    import torch.distributed as dist
+    m = -(-n // world)                                               # the longest share
+    mine = torch.zeros(m, dtype=values.dtype)
+    mine[:len(split_for_rank(n, rank, world))] = values
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine, group=group)
+    return torch.stack(parts).T.reshape(-1)[:n]                     # [m, world] → index a·world + r
+
+
+def broadcast_bytes_from(payload: torch.Tensor | None, sources: list[int], rank: int, world: int,
+                         group: Any = None) -> list[torch.Tensor]:
+    """``[payload of sources[0], payload of sources[1], ...]`` (1-D uint8 tensors) on every rank:
+    only the ranks in ``sources`` send (``payload`` elsewhere: ignored, may be None), each one's
+    bytes once, at their own size (no padding to the largest). A collective: every rank calls it."""
+    if world == 1:
+        return [payload]
+    import torch.distributed as dist
+    mine = payload if rank in sources else torch.zeros(0, dtype=torch.uint8)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64), group=group)
+    out = []
+    for src in sources:
+        buf = mine if src == rank else torch.empty(int(sizes[src]), dtype=torch.uint8)
+        if buf.numel():
+            dist.broadcast(buf, src=src, group=group)
+        out.append(buf)
     return out
 
 

@@ -296,17 +296,13 @@ def _write_text(path: Path, text: str) -> None:
 
 def _model(cfg, target: Target):
     """(policy with the target's weights, tokenizer, model path, grad step of the checkpoint)."""
-    import torch
-
     from dapo.base_model import resolve_policy_path
     from dapo.checkpoint import load_checkpoint
-    from dapo.distributed import init_distributed
+    from dapo.distributed import init_distributed, set_cpu_threads
     from dapo.models import load_tokenizer
     from dapo.update import build_policy
-    threads = cfg.train.threads or os.cpu_count() or 1
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    torch.set_num_threads(threads)
-    dist_info = init_distributed(cfg.launch.pg_timeout_s)
+    set_cpu_threads(cfg.train.threads)
+    dist_info = init_distributed(cfg.launch.pg_timeout_s, cfg.launch.rollout_timeout_s)
     model_path = resolve_policy_path(cfg.model.path)
     tokenizer = load_tokenizer(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

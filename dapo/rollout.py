@@ -21,10 +21,11 @@ import torch
 
 from dapo import algo, faults
 from dapo.config import Config
+from dapo.distributed import all_gather_strided, rollout_group, split_for_rank
 from dapo.rewards import get_scorer
 from dapo.run_data import example_key
 
-__all__ = ["RolloutBatch", "collect_rollouts", "generate_round", "DynamicSamplingExhausted", "round_seed",
+__all__ = ["RolloutBatch", "collect_rollouts", "generate_round", "score_round", "DynamicSamplingExhausted", "round_seed",
            "make_rollout_engine", "rollout_with_retry"]
 
 
@@ -63,18 +64,30 @@ def generate_round(engine, prompts: list[list[int]], spec) -> list[list[Any]]:
     return engine.generate(prompts, spec)
 
 
-def _score_group(ex, comps) -> torch.Tensor:
-    """[G] bool: each completion scored correct by the example's scorer (correctness, not the shaped reward)."""
-    scorer = get_scorer(ex.scorer)
-    return torch.tensor([scorer(c.text, ex.answer) > 0 for c in comps])
+def score_round(examples, outs: list[list[Any]], *, rank: int = 0, world: int = 1) -> torch.Tensor:
+    """[P, G] bool: each completion scored correct by its example's scorer (correctness, not the shaped
+    reward), scored ONCE over the ranks: rank k scores completions k, k + world, ... of the round
+    (flattened prompt-major) and the shares are gathered (on the rollout's group), so every rank holds
+    the same values even where a scorer is not deterministic (math-verify's wall-clock limit: a rank
+    under load would score a slow answer wrong alone, keep other groups, or refill alone and hang).
+    A collective with ``world`` > 1: every rank calls it with the same round."""
+    flat = [(ex, c) for ex, comps in zip(examples, outs) for c in comps]
+    mine = split_for_rank(len(flat), rank, world)
+    local = torch.tensor([get_scorer(flat[i][0].scorer)(flat[i][1].text, flat[i][0].answer) > 0 for i in mine],
+                         dtype=torch.bool)
+    full = all_gather_strided(local, len(flat), rank, world, group=rollout_group())
+    return full.reshape(len(outs), -1) if outs else torch.zeros(0, 0, dtype=torch.bool)
 
 
-def collect_rollouts(engine, sampler, prompt_tokens, cfg: Config, rollout_step: int) -> RolloutBatch:
+def collect_rollouts(engine, sampler, prompt_tokens, cfg: Config, rollout_step: int, *, rank: int = 0,
+                     world: int = 1) -> RolloutBatch:
     """Generate and score groups until B informative groups are kept (dynamic sampling).
 
     Without dynamic sampling: one round of B prompts, every group kept. With it: rounds of
     ``cfg.gen_batch_prompts`` prompts, keep groups with 0 < #correct < G (correctness, not
     the shaped reward), stop at B kept or after ``max_gen_rounds`` (then error or proceed).
+    With several ranks (``rank`` of ``world``) each round is scored once, split over the ranks
+    (:func:`score_round`), so every rank keeps the same groups and runs the same rounds.
     """
     from dapo.engines import SamplingSpec
     G, B = cfg.rollout.n, cfg.train.batch_prompts
@@ -91,8 +104,8 @@ def collect_rollouts(engine, sampler, prompt_tokens, cfg: Config, rollout_step: 
                             seed=round_seed(cfg.train.seed, rollout_step, rounds))
         outs = generate_round(engine, prompts, spec)                             # [B'][G]
         rounds += 1
-        for ex, p, comps in zip(examples, prompts, outs):
-            corr = _score_group(ex, comps)                                       # [G]
+        scores = score_round(examples, outs, rank=rank, world=world)            # [B', G]
+        for p, comps, corr in zip(prompts, outs, scores):
             gen_tokens += sum(len(c.token_ids) for c in comps)
             seen.append(corr)
             if not ds.enabled or bool(algo.informative_groups(corr[None])[0]):
@@ -166,7 +179,7 @@ def make_rollout_engine(cfg: Config, model_path, device: torch.device, trainer_m
                         world: int = 1):
     """This rank's engine of ``cfg.rollout.engine`` on ``model_path`` (rollout dtype: bf16 on CUDA unless
     set), driven as the job's one engine (`RankShardedEngine`): each call's prompts are dealt out over
-    the engines (``rollout.tensor_parallel_size`` ranks each) and the completions all-gathered in order.
+    the engines (``rollout.tensor_parallel_size`` ranks each) and the completions gathered in order.
     With several ranks every rank calls this at the same time (vLLM builds its groups over all ranks)."""
     from dapo.engines import make_engine
     from dapo.engines.sharded import RankShardedEngine
@@ -190,8 +203,10 @@ def make_rollout_engine(cfg: Config, model_path, device: torch.device, trainer_m
                              tensor_parallel_size=cfg.rollout.tensor_parallel_size if world > 1 else 1)
 
 
-def rollout_with_retry(engine, sampler, prompt_tokens, cfg: Config, r: int, new_engine: Callable[[], Any]):
-    """collect_rollouts, retried ``rollout.retries`` times on an engine failure; returns (batch, engine).
+def rollout_with_retry(engine, sampler, prompt_tokens, cfg: Config, r: int, new_engine: Callable[[], Any], *,
+                       rank: int = 0, world: int = 1):
+    """collect_rollouts (this ``rank`` of ``world``), retried ``rollout.retries`` times on an engine
+    failure; returns (batch, engine).
 
     Before a retry the engine is closed and re-created by ``new_engine()`` (a dead vLLM engine
     cannot be reused; it must return an engine holding the current weights), and the sampler is
@@ -200,7 +215,8 @@ def rollout_with_retry(engine, sampler, prompt_tokens, cfg: Config, r: int, new_
     snap = sampler.state_dict()
     for attempt in range(cfg.rollout.retries + 1):
         try:
-            return collect_rollouts(faults.engine_for_step(engine, r), sampler, prompt_tokens, cfg, r), engine
+            return collect_rollouts(faults.engine_for_step(engine, r), sampler, prompt_tokens, cfg, r,
+                                    rank=rank, world=world), engine
         except DynamicSamplingExhausted:
             raise
         except Exception as exc:  # the engine died mid-generation

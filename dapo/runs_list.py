@@ -75,7 +75,7 @@ def run_row(run_dir: Path, metric: str | None = None, arm: str = "", seed: Any =
 
     total: the run's rollout steps from its config.yaml, else ``total`` (a sweep job's, before its run
     dir exists), else None.
-    thread_s = wall_s × train.threads (None when threads is null, i.e. all cores, or wall unknown);
+    thread_s = wall_s × train.threads (None when threads is null, i.e. set from the environment, or wall unknown);
     gen_tokens / trained_tokens: summary.json's totals when it has them, else None.
     """
     cfg = _config(run_dir)

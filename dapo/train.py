@@ -36,7 +36,8 @@ from dapo import algo, corrections, eval_records, faults
 from dapo.base_model import resolve_policy_path
 from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dapo.config import Config, config_hash, flatten, to_dict
-from dapo.distributed import barrier, broadcast_object, destroy_distributed, final_state_dict, init_distributed
+from dapo.distributed import (barrier, broadcast_object, destroy_distributed, final_state_dict, init_distributed,
+                              set_cpu_threads)
 from dapo.evaluate import eval_seed, evaluate
 from dapo.logprobs import old_logprobs, response_loss_mask, response_mask, rollout_logprobs, single_step_on_policy
 from dapo.rollout import make_rollout_engine, rollout_with_retry, round_seed
@@ -206,12 +207,12 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
 # =========================================================================== the phases
 def _rollouts(run: Run, r: int):
     """Steps 1-3 on every rank (with engine retries): all ranks draw the same prompts, each engine
-    generates its share of every round, the completions are all-gathered, so every rank scores and
-    keeps the same groups in the same order. Then the engine is released for the update (vLLM
-    sleep mode on GPUs)."""
+    generates its share of every round, the completions are gathered, each rank scores its share
+    and the scores are gathered, so every rank keeps the same groups in the same order. Then the
+    engine is released for the update (vLLM sleep mode on GPUs)."""
     run.engine.take_counts()                      # count this step's rollout prompts only (not eval's)
     batch, run.engine = rollout_with_retry(run.engine, run.sampler, run.prompt_tokens, run.cfg, r,
-                                           lambda: _new_engine(run))
+                                           lambda: _new_engine(run), rank=run.policy.rank, world=run.policy.world)
     shares = run.engine.take_counts()
     if run.policy.world > 1:
         run.log(f"step {r}: prompts generated per engine ({run.engine.tp} rank(s) each): {shares}")
@@ -343,10 +344,9 @@ def _start_run(cfg: Config, run_dir: Path, tags: dict[str, str] | None) -> Run:
     from dapo.models import load_tokenizer
     t_start = time.time()
     run_dir.mkdir(parents=True, exist_ok=True)
-    threads = cfg.train.threads or os.cpu_count() or 1
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))   # vLLM otherwise drops torch to 1 thread
-    torch.set_num_threads(threads)
-    dist_info = init_distributed(cfg.launch.pg_timeout_s)   # several processes: gloo/NCCL group, with a timeout
+    set_cpu_threads(cfg.train.threads)                      # train.threads, OMP_NUM_THREADS, or CPUs / local ranks
+    dist_info = init_distributed(cfg.launch.pg_timeout_s,   # several processes: gloo/NCCL group, with a timeout,
+                                 cfg.launch.rollout_timeout_s)   # and the rollout gathers' gloo group
     is_main = dist_info.is_main
     random.seed(cfg.train.seed); np.random.seed(cfg.train.seed); torch.manual_seed(cfg.train.seed)
     log = (lambda *a: print("[dapo]", *a, flush=True)) if is_main else (lambda *a: None)

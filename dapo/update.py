@@ -246,8 +246,7 @@ def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, los
         raise NonFiniteError(f"non-finite loss {sums.get('loss')} / grad norm {float(grad_norm)}; "
                              f"train.nonfinite=stop (skip would drop such gradient steps); "
                              f"the last checkpoint is untouched")
-    else:
-        p.optimizer.zero_grad(set_to_none=True)
+    p.optimizer.zero_grad(set_to_none=True)   # freed now: generation and the next old-log-prob pass need no gradients
     lr = float(p.optimizer.param_groups[0]["lr"])                  # the rate this step used, before scheduling the next
     p.scheduler.step()
     return StepStats.from_sums(sums, grad_norm=float(grad_norm), lr=lr,

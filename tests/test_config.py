@@ -227,7 +227,7 @@ def test_shipped_sweep_run_ids_are_unchanged(name, tmp_path):
 def test_resource_knobs_are_not_in_the_run_id_but_the_token_budget_is():
     base = config_hash(load_config())
     for ov in ["rollout.tensor_parallel_size=2", "rollout.sleep_mode=false", "train.logits_chunk_tokens=256",
-               "launch.pg_timeout_s=60", "train.threads=1"]:
+               "launch.pg_timeout_s=60", "train.threads=1", "launch.rollout_timeout_s=3600"]:
         assert config_hash(load_config(None, ["launch.num_processes=2", ov])) == \
             config_hash(load_config(None, ["launch.num_processes=2"])), ov
     assert config_hash(load_config(None, ["train.max_tokens_per_micro_batch=4096"])) != base
@@ -242,6 +242,7 @@ def test_resource_knobs_are_not_in_the_run_id_but_the_token_budget_is():
     ("train.logits_chunk_tokens=-1", "train.logits_chunk_tokens = -1: must be >= 1 or null"),
     ("train.logits_chunk_tokens=1.5", "train.logits_chunk_tokens = 1.5: expected int or null"),
     ("launch.pg_timeout_s=0", "launch.pg_timeout_s = 0: must be >= 1"),
+    ("launch.rollout_timeout_s=0", "launch.rollout_timeout_s = 0: must be >= 1 or null"),
 ])
 def test_issue12_keys_are_validated(override, message):
     with pytest.raises(ConfigError, match=__import__("re").escape(message)):
@@ -251,7 +252,8 @@ def test_issue12_keys_are_validated(override, message):
 def test_issue12_keys_defaults():
     cfg = load_config()
     assert (cfg.rollout.tensor_parallel_size, cfg.rollout.sleep_mode, cfg.train.max_tokens_per_micro_batch,
-            cfg.train.logits_chunk_tokens, cfg.launch.pg_timeout_s) == (1, True, None, None, 600)
+            cfg.train.logits_chunk_tokens, cfg.launch.pg_timeout_s, cfg.launch.rollout_timeout_s) == \
+        (1, True, None, None, 600, None)
     assert load_config(None, ["launch.num_processes=8", "rollout.tensor_parallel_size=4"]).rollout.tensor_parallel_size == 4
 
 

@@ -162,7 +162,90 @@ def _worker_train_kill_rank1(argv: list[str]) -> None:
     sys.exit(main(argv))
 
 
-WORKERS = {"sharded_engine": _worker_sharded_engine}
+class _FakeEngine:
+    """A model-free engine for the gather tests: prompt [k, ...] gives G completions whose ids, text,
+    finished flag and log-probs follow from k, the sample index and the prompt's seed; ``answers[k]``
+    (G texts) replaces the texts; ``delay_s``: its first call sleeps that long first."""
+
+    def __init__(self, answers=None, delay_s=0.0):
+        self.answers, self.delay_s, self.seed = answers or {}, delay_s, 0
+
+    def generate(self, prompts, spec, seeds=None):
+        import time
+
+        from dapo.engines import Completion
+        if self.delay_s:
+            time.sleep(self.delay_s)
+            self.delay_s = 0.0
+        out = []
+        for i, p in enumerate(prompts):
+            s, k = (seeds[i] if seeds is not None else 0), p[0]
+            group = []
+            for j in range(spec.n):
+                ids = [(k * 31 + j * 7 + s + t) % 50_000 for t in range(1 + (k + j) % 5)]
+                text = self.answers[k][j] if k in self.answers else f"Answer: {k}{j} é∑\udcff" * (j % 3)
+                lps = None if k % 3 == 0 else torch.linspace(-5, -0.1, len(ids), dtype=torch.float32).tolist()
+                group.append(Completion(token_ids=ids, text=text, finished=j % 2 == 0, logprobs=lps))
+            out.append(group)
+        return out
+
+
+def _old_gather(local, world: int, tp: int, n: int) -> list:
+    """The gather before issue 25: every rank's completions pickled to every rank, the first of each group kept."""
+    from dapo.distributed import all_gather_object, split_for_rank
+    parts, out, groups = all_gather_object(local, world), [None] * n, world // tp
+    for g in range(groups):
+        for i, comps in zip(split_for_rank(n, g, groups), parts[g * tp]):
+            out[i] = comps
+    return out
+
+
+def _worker_rollout_gathers(out: Path) -> None:
+    """One 2-rank job, no model: (a) the engine's gather runs on the rollout group, whose timeout is its own:
+    rank 1 generates 4 s late while the default group's timeout is 2 s; (b) the gathered completions equal
+    the old all-gather-of-pickles path's; (c) rank 1's scorer answers -1 for everything (what math-verify's
+    time limit gives a loaded rank): the ranks must still keep the same groups, rounds and rewards."""
+    import datetime
+
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    from dapo import rewards
+    from dapo.distributed import destroy_distributed, init_distributed, rollout_group, split_for_rank
+    from dapo.engines import SamplingSpec
+    from dapo.engines.sharded import RankShardedEngine
+    from dapo.rollout import collect_rollouts
+    from tests.test_train import ListSampler, _cfg, _examples
+
+    d = init_distributed(PG_TIMEOUT_S, rollout_timeout_s=2 * PG_TIMEOUT_S)
+    torch.set_num_threads(1)
+    res: dict = {"timeouts": [g._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+                              for g in (torch.distributed.group.WORLD, rollout_group())]}
+    spec = SamplingSpec(n=3, temperature=1.0, top_p=1.0, max_tokens=8, seed=5)
+    prompts = [[k, 1, 2] for k in range(7)]
+    engine = RankShardedEngine(_FakeEngine(delay_s=4.0 if d.rank == 1 else 0.0), rank=d.rank, world=d.world)
+    _set_pg_timeout(datetime.timedelta(seconds=2))                   # the default group: 2 s from here ...
+    new = engine.generate(prompts, spec)
+    _set_pg_timeout(datetime.timedelta(seconds=PG_TIMEOUT_S))        # ... to here
+    seeds = __import__("dapo.engines.base", fromlist=["x"]).per_prompt_seeds(spec.seed, len(prompts), salt=0)
+    mine = split_for_rank(len(prompts), d.rank, d.world)
+    local = _FakeEngine().generate([prompts[i] for i in mine], spec, seeds=[seeds[i] for i in mine])
+    res["new_equals_old"] = new == _old_gather(local, d.world, 1, len(prompts))
+    res["new"] = new
+
+    if d.rank == 1:   # a scorer that times out on everything, on this rank only
+        rewards.SCORERS["dapo"] = lambda response, truth: -1.0
+    answers = {0: ["Answer: 7", "Answer: 1", "Answer: 7", "Answer: 7"], 1: ["Answer: 7", "Answer: 7", "Answer: 1",
+               "Answer: 7"], 2: ["Answer: 7"] * 4, 3: ["Answer: 7"] * 4}
+    cfg = _cfg(**{"algo.dynamic_sampling.max_gen_rounds": 2, "algo.dynamic_sampling.on_exhausted": "proceed"})
+    batch = collect_rollouts(RankShardedEngine(_FakeEngine(answers), rank=d.rank, world=d.world), ListSampler(_examples(4), 2),
+                             {(e.source, e.index): [e.index] for e in _examples(4)}, cfg, 1, rank=d.rank, world=d.world)
+    res["batch"] = {"correct": batch.correct.tolist(), "rewards": batch.rewards.tolist(),
+                    "responses": batch.response_ids, "rounds": batch.stats["sampling/gen_rounds"]}
+    torch.save(res, out.parent / f"{out.name}.rank{d.rank}")
+    destroy_distributed(d.world)
+
+
+WORKERS = {"sharded_engine": _worker_sharded_engine, "rollout_gathers": _worker_rollout_gathers}
 
 
 # =========================================================================== dapo train runs
@@ -281,6 +364,24 @@ def test_sharding_clipping_and_streamed_sync_into_each_ranks_engine(tmp_path):
     assert c0["state"] == c1["state"] == {"rollout_step": 1}
     assert c0["rng_equal"] and c1["rng_equal"] and c0["lr"] == c1["lr"] == pytest.approx(1e-2 / 3)   # 3rd scheduler step
     assert c0["max_diff"] == 0.0 == c1["max_diff"] and c0["moved"] > 1e-3
+
+
+def test_rollout_gathers_score_once_send_int32_ids_and_wait_on_their_own_timeout(tmp_path):
+    """Issue 25, items 5, 11, 14 on 2 gloo processes (see _worker_rollout_gathers)."""
+    out = tmp_path / "res"
+    _ok(_torchrun(2, ["-m", "tests.test_distributed", "rollout_gathers", str(out)], timeout=300))
+    r0, r1 = (torch.load(f"{out}.rank{r}", weights_only=False) for r in (0, 1))
+    assert r0["timeouts"] == r1["timeouts"] == [PG_TIMEOUT_S, 2 * PG_TIMEOUT_S]
+    # the gather: what the old path gathered, on both ranks (texts with non-ASCII and a lone surrogate,
+    # log-probs absent on some)
+    assert r0["new_equals_old"] and r1["new_equals_old"] and r0["new"] == r1["new"]
+    assert len(r0["new"]) == 7 and any(c.logprobs is None for g in r0["new"] for c in g)
+    # scored once: rank 0 scored completions 0, 2, 4, 6 of the round (flattened), rank 1 (scorer: -1 for
+    # everything) 1, 3, 5, 7; both ranks keep the same two groups in the same one round
+    b0, b1 = r0["batch"], r1["batch"]
+    assert b0 == b1
+    assert b0["rounds"] == 1 and b0["correct"] == [[True, False, True, False], [True, False, False, False]]
+    assert b0["rewards"] == [[1.0, -1.0, 1.0, -1.0], [1.0, -1.0, -1.0, -1.0]]
 
 
 @pytest.mark.slow
@@ -426,3 +527,61 @@ def test_train_started_as_fewer_processes_than_the_config_says_is_one_error(tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "the launcher started 1 process(es)" in err[0], err
     assert "--nproc_per_node 2" in err[0] and not (tmp_path / "runs").exists()
+
+
+# =========================================================================== gathers and threads (no processes)
+@pytest.mark.parametrize("world, tp, senders", [(8, 1, list(range(8))), (8, 2, [0, 2, 4, 6]), (8, 4, [0, 4]),
+                                                (16, 4, [0, 4, 8, 12]), (4, 4, [0])])
+def test_one_rank_per_tensor_parallel_engine_sends_its_completions(world, tp, senders):
+    """Item 11: the ranks of a TP engine hold the same completions, so only its first rank sends them,
+    and it is the rank whose share the engine generated (the group that rank // tp names)."""
+    from dapo.engines.sharded import RankShardedEngine, contributing_ranks
+    assert contributing_ranks(world, tp) == senders
+    groups = [RankShardedEngine(_FakeEngine(), rank=r, world=world, tensor_parallel_size=tp).group for r in senders]
+    assert groups == list(range(world // tp))
+
+
+def test_completions_packed_as_int32_ids_come_back_equal():
+    from dapo.engines import SamplingSpec
+    from dapo.engines.sharded import pack_completions, unpack_completions
+    groups = _FakeEngine().generate([[k, 9] for k in range(5)], SamplingSpec(n=3, temperature=1.0, top_p=1.0,
+                                                                              max_tokens=8), seeds=[11] * 5)
+    groups[1][2].token_ids = [0, 2 ** 31 - 1]          # the int32 range's ends
+    groups[1][2].logprobs = [float("-inf"), -2.0 ** -30]   # float32 values (what the engines give)
+    buf = pack_completions(groups)
+    assert buf.dtype == torch.uint8 and unpack_completions(buf) == groups
+    assert unpack_completions(pack_completions([])) == [] and unpack_completions(pack_completions([[]])) == [[]]
+    n_ids = sum(len(c.token_ids) for g in groups for c in g)
+    text = sum(len(c.text.encode("utf-8", "surrogatepass")) for g in groups for c in g)
+    n_lp = sum(len(c.token_ids) for g in groups for c in g if c.logprobs is not None)
+    assert buf.numel() == 8 * (1 + 5 + 4 * 15) + 4 * n_ids + 4 * n_lp + text
+
+
+@pytest.mark.parametrize("configured, omp, usable, local, threads", [
+    (None, None, 64, 8, 8),        # all of the node's CPUs shared by its 8 ranks
+    (None, None, 12, 8, 1),        # fewer CPUs than ranks: still one thread
+    (None, None, 2, 1, 2),         # one process: all of its CPUs
+    (None, "6", 64, 8, 6),         # OMP_NUM_THREADS (the profile's, or torchrun's 1) wins over the split
+    (None, " 3 ", 64, 8, 3),
+    (None, "", 64, 8, 8),          # empty or invalid: ignored
+    (None, "0", 64, 8, 8),
+    (None, "four", 64, 8, 8),
+    (4, "6", 64, 8, 4),            # train.threads wins over everything
+])
+def test_cpu_threads_follow_train_threads_then_omp_then_affinity_per_local_rank(configured, omp, usable, local, threads):
+    """Item 15: was os.cpu_count() on every rank (8 ranks × all cores, OMP_NUM_THREADS ignored)."""
+    from dapo.distributed import cpu_threads
+    assert cpu_threads(configured, omp, usable, local) == threads
+
+
+def test_set_cpu_threads_reads_affinity_and_local_world_size(monkeypatch):
+    from dapo.distributed import set_cpu_threads
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 96)
+    before = torch.get_num_threads()
+    try:
+        assert set_cpu_threads(None) == 3 == torch.get_num_threads() and os.environ["OMP_NUM_THREADS"] == "3"
+    finally:
+        torch.set_num_threads(before)

@@ -239,6 +239,29 @@ def test_logged_lr_is_the_one_the_step_used(tmp_path):
     assert p.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)   # the fifth step's
 
 
+@pytest.mark.parametrize("fault", [None, "grad"])
+def test_gradients_are_freed_right_after_the_update(fault):
+    """Issue 25 item 13: no parameter holds a gradient once the update is done (they were kept through
+    the weight sync and generation until the next step's zero_grad), whether the last optimizer step was
+    taken or skipped for a non-finite gradient."""
+    from dapo import algo
+    cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 2, "train.micro_batch_seqs": 4,
+                  "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false"})
+    model, batch = _tiny_policy(0), _random_batch()
+    old, _, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    if fault:   # every step's gradient inf: both steps skipped
+        next(model.parameters()).register_hook(lambda g: torch.full_like(g, float("inf")))
+    steps = update_policy(Policy(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+                                 torch.device("cpu")), batch, old, algo.group_advantages(batch.rewards).reshape(-1),
+                          mask, cfg)
+    assert [s.skipped_step for s in steps] == ([1.0, 1.0] if fault else [0.0, 0.0])
+    moved = any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert moved != bool(fault)
+    assert [n for n, p in model.named_parameters() if p.grad is not None] == []
+
+
 @pytest.mark.parametrize("budget", [1, 12, 25, 40, 10_000])
 def test_token_budget_micro_batches_give_the_same_update(budget):
     """train.max_tokens_per_micro_batch splits by padded tokens instead of sequence counts (budget 1: one

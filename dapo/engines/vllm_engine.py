@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from dapo.distributed import usable_cpus
 from dapo.engines.base import (
     Completion,
     SamplingSpec,
@@ -72,17 +73,10 @@ def _sampled_logprobs(c) -> list[float] | None:
     return [float(step[tok].logprob) for step, tok in zip(c.logprobs, c.token_ids)]
 
 
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def prepare_vllm_env(kv_cache_space_gib: float | None = None) -> None:
     """Set the environment vLLM reads at import/start (see module docstring)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("OMP_NUM_THREADS", str(_usable_cpus()))
+    os.environ.setdefault("OMP_NUM_THREADS", str(usable_cpus()))
     if not torch.cuda.is_available():
         if kv_cache_space_gib is not None:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_space_gib))
