@@ -725,3 +725,72 @@ def test_collect_rollouts_marks_all_correct_prompts_solved():
         drawn += [p[0] for p in batch.prompt_ids]
         assert batch.stats["sampling/pool_prompts"] == 3.0
     assert sampler.epoch == 3 and 0 not in drawn and set(drawn) <= {1, 2, 3}
+
+
+# ----------------------------------------------------------------------------------------
+# The analysis names each successor: sweeps/successors-mini.yaml's arms, from its expansion
+# ----------------------------------------------------------------------------------------
+
+# arm → the one toggle it switches on against naive GRPO (dapo: DAPO's four techniques of the mini regime)
+SUCCESSOR_ARMS = {
+    "clip_higher": "clip_higher", "dr_grpo": "dr_grpo", "rloo": "rloo", "batch_std": "batch_std", "gspo": "gspo",
+    "cispo": "cispo", "clip_cov": "clip_cov", "kl_cov": "kl_cov", "top_entropy": "top_entropy",
+    "group_token_mean": "group_token_mean", "ds_filter": "ds_filter", "ds_mask": "ds_mask",
+}
+
+
+@pytest.fixture(scope="module")
+def successors_sweep(tmp_path_factory):
+    """(tidy with one point per job, resolved configs by run, SweepInfo) of the successors sweep's expansion."""
+    import pandas as pd
+
+    from analysis.runs import SweepInfo, normalize_tidy
+    from dapo.sweep_spec import expand, sweep_info
+    path = REPO / "sweeps" / "successors-mini.yaml"
+    jobs = expand(path, tmp_path_factory.mktemp("successors"))
+    rows = [dict(run=j.run_id, run_id=j.run_id, sweep="successors-mini", arm=j.arm, seed=j.seed, rollout_step=0,
+                 grad_step=0, time=0.0, metric="train/entropy", value=1.0) for j in jobs]
+    return (normalize_tidy(pd.DataFrame(rows)), {j.run_id: to_dict(j.config) for j in jobs},
+            SweepInfo.from_dict(sweep_info(path)))
+
+
+def test_every_successor_arm_is_named_by_its_toggle(successors_sweep):
+    from analysis.arms import DAPO_TOGGLES, TOGGLES, baseline_arm, dapo_arm, exact_pairs, find_pair, flat_arm_configs
+    from analysis.tables import _isolates, primary_pairs
+    tidy, configs, sweep = successors_sweep
+    acfg = flat_arm_configs(tidy, sweep, configs)
+    assert set(SUCCESSOR_ARMS) | {"grpo", "dapo"} == {a.name for a in sweep.arms}
+    assert baseline_arm(tidy, sweep, configs).name == "grpo" and dapo_arm(tidy, sweep, configs).name == "dapo"
+    grpo = sweep.arm("grpo")
+    for arm, toggle in SUCCESSOR_ARMS.items():
+        assert _isolates(grpo, sweep.arm(arm), acfg) == toggle, arm
+        p = find_pair(toggle, tidy, sweep, configs)
+        assert (p.off.name, p.on.name) == ("grpo", arm) and p.exact, (arm, p.describe())
+        assert TOGGLES[toggle].title in p.describe()
+    # exactly one exact pair per successor arm, all against naive GRPO; GRPO → DAPO in the primary family too
+    assert sorted((p.off.name, p.on.name, p.toggle) for p in exact_pairs(tidy, sweep, configs)) == \
+        sorted(("grpo", a, t) for a, t in SUCCESSOR_ARMS.items())
+    assert ("grpo", "dapo") in [(a.name, b.name) for a, b in primary_pairs(tidy, sweep, configs)]
+    dapo_on = {t for t in TOGGLES if TOGGLES[t].state(acfg["dapo"])}
+    assert dapo_on == set(DAPO_TOGGLES) - {"overlong_filter"}   # the mini regime's DAPO: no overlong filter
+
+
+def test_toggles_of_older_runs_and_the_paper_steps():
+    """A config from before the successors' keys has them off (not unknown), so Table 1's pairs and
+    the paper's Δ are as before; a successor has no paper step (NaN), unless both arms carry paper values."""
+    from analysis.arms import PAPER_STEP, paper_delta, toggle_states
+    from analysis.runs import ArmInfo
+    old = {"algo.clip.eps_high": 0.2, "algo.clip.eps_low": 0.2, "algo.loss_agg": "seq_mean_token_mean",
+           "algo.overlong.filter": False, "algo.overlong.soft_punish": False, "algo.dynamic_sampling.enabled": False}
+    dapo = {**old, "algo.clip.eps_high": 0.28, "algo.loss_agg": "token_mean", "algo.overlong.filter": True,
+            "algo.overlong.soft_punish": True, "algo.dynamic_sampling.enabled": True}
+    states = toggle_states(old, dapo)
+    assert {t for t, (a, b) in states.items() if a != b} == set(PAPER_STEP)
+    assert all(a is False and b is False for t, (a, b) in states.items() if t not in PAPER_STEP)
+    a, b = ArmInfo("grpo"), ArmInfo("gspo")
+    flat = {"grpo": old, "gspo": {**old, "algo.policy_loss": "gspo"},
+            "clip": {**old, "algo.clip.eps_high": 0.28}, "dapo": dapo}
+    assert math.isnan(paper_delta(a, b, flat))
+    assert paper_delta(ArmInfo("grpo", paper=30), ArmInfo("gspo", paper=31), flat) == 1.0
+    assert paper_delta(a, ArmInfo("clip"), flat) == PAPER_STEP["clip_higher"]
+    assert paper_delta(a, ArmInfo("dapo"), flat) == sum(PAPER_STEP.values())
