@@ -794,3 +794,44 @@ def test_toggles_of_older_runs_and_the_paper_steps():
     assert paper_delta(ArmInfo("grpo", paper=30), ArmInfo("gspo", paper=31), flat) == 1.0
     assert paper_delta(a, ArmInfo("clip"), flat) == PAPER_STEP["clip_higher"]
     assert paper_delta(a, ArmInfo("dapo"), flat) == sum(PAPER_STEP.values())
+
+
+@pytest.mark.slow
+def test_runs_with_filter_and_mask_and_drop_solved(tmp_path):
+    """tiny-random-smoke on the transformers engine (a random model: every group all wrong), two steps
+    each: filter keeps nothing in one round and skips the update; mask trains on every group with all
+    of them masked; drop_solved logs its pool and checkpoints the sampler's solved set."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+    tiny = ["rollout.engine=hf", "rollout.n=2", "rollout.max_new_tokens=4", "train.batch_prompts=2",
+            "train.mini_batch_prompts=1", "train.micro_batch_seqs=2", "train.threads=1", "eval.every=0",
+            "eval.at_start=false", "data.train_limit=16", "logging.progress=false", "train.rollout_steps=2",
+            "checkpoint.every=1", "algo.dynamic_sampling.enabled=true", "data.drop_solved=true"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    for mode in ("filter", "mask"):
+        out = tmp_path / mode
+        p = subprocess.run([sys.executable, "-m", "dapo.cli", "train", "experiments/tiny-random-smoke.yaml", *tiny,
+                            f"algo.dynamic_sampling.mode={mode}", f"output_dir={out}",
+                            f"logging.tracking_uri=sqlite:///{out / 'mlruns.db'}", "--run-dir", str(out / "run")],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+        summary = json.loads((out / "run" / "summary.json").read_text())
+        client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlruns.db'}")
+        hist = {k: [m.value for m in client.get_metric_history(summary["mlflow_run_id"], k)]
+                for k in ("sampling/gen_rounds", "sampling/kept_groups", "sampling/discarded_groups",
+                          "sampling/masked_groups", "sampling/skipped_update", "sampling/pool_prompts",
+                          "sampling/solved_prompts")}
+        assert hist["sampling/gen_rounds"] == [1.0, 1.0] and hist["sampling/pool_prompts"] == [16.0, 16.0]
+        if mode == "filter":      # nothing in the band: no group kept, no update, no masked_groups
+            assert hist["sampling/kept_groups"] == [0.0, 0.0] and hist["sampling/discarded_groups"] == [2.0, 2.0]
+            assert hist["sampling/skipped_update"] == [1.0, 1.0] and hist["sampling/masked_groups"] == []
+            assert summary["grad_steps"] == 0
+        else:                     # every group in the batch, every one masked, the optimizer steps still taken
+            assert hist["sampling/kept_groups"] == [2.0, 2.0] and hist["sampling/masked_groups"] == [2.0, 2.0]
+            assert summary["grad_steps"] == 2 * 2
+        state = json.loads((out / "run" / "checkpoints" / "step_000002" / "state.json").read_text())
+        assert state["sampler"]["solved"] == [] and state["sampler"]["left_out"] == []
