@@ -23,18 +23,20 @@ from dapo.config import flatten
 from .metric_names import primary_metric
 from .runs import ArmInfo, SweepInfo, arm_order
 
-__all__ = ["TOGGLES", "PAPER_STEP", "PAPER_FULL_STEP", "paper_delta", "Toggle", "Pair", "toggle_state", "arm_configs", "flat_arm_configs", "arms_with_runs",
+__all__ = ["TOGGLES", "DAPO_TOGGLES", "PAPER_STEP", "PAPER_FULL_STEP", "paper_delta", "Toggle", "Pair", "toggle_state", "arm_configs", "flat_arm_configs", "arms_with_runs",
            "find_pair", "exact_pairs", "toggle_states", "dapo_arm", "baseline_arm", "infer_sweep_info"]
 
 
 # --------------------------------------------------------------------------- techniques
 @dataclass(frozen=True)
 class Toggle:
-    """One DAPO technique, read off a flattened resolved config."""
+    """One technique (DAPO's or a successor's), read off a flattened resolved config."""
     title: str                                       # "Clip-Higher"
     keys: tuple[str, ...]                            # the config keys that define it
     state: Callable[[dict[str, Any]], bool]          # flat config → on?
     prefer: tuple[str, float] | None = None          # among equal pairs, the "on" value nearest the paper's
+    absent: bool | None = None                       # its state in a config without keys[0] (None: unknown;
+                                                     # False for keys added later: such a config had the default)
 
 
 def _truthy(v: Any) -> bool:
@@ -53,9 +55,45 @@ TOGGLES: dict[str, Toggle] = {
                           lambda c: _truthy(c["algo.overlong.soft_punish"])),
     "token_loss": Toggle("token-level loss", ("algo.loss_agg",),
                          lambda c: str(c["algo.loss_agg"]) == "token_mean"),
-    "dynamic_sampling": Toggle("dynamic sampling", ("algo.dynamic_sampling.enabled",),
-                               lambda c: _truthy(c["algo.dynamic_sampling.enabled"])),
+    "dynamic_sampling": Toggle("dynamic sampling", ("algo.dynamic_sampling.enabled", "algo.dynamic_sampling.mode"),
+                               lambda c: _ds_mode(c) == "refill"),
+    # DAPO's successors (issue 24; README, "The algorithm, as toggles"): one toggle per variant, so an
+    # arm of a one-at-a-time sweep differs from its baseline in exactly one of them
+    # Dr. GRPO is two changes: no std in Â (its state) and its constant normalizer; algo.loss_agg is among its
+    # keys, so a pair that also switches to seq_mean_token_sum_const still isolates it
+    "dr_grpo": Toggle("Dr. GRPO (no std)", ("algo.advantage.std", "algo.loss_agg"),
+                      lambda c: c["algo.advantage.std"] == "none", absent=False),
+    "batch_std": Toggle("batch std (LitePPO)", ("algo.advantage.std",),
+                        lambda c: c["algo.advantage.std"] == "batch", absent=False),
+    "rloo": Toggle("RLOO baseline", ("algo.advantage.baseline",),
+                   lambda c: c["algo.advantage.baseline"] == "leave_one_out", absent=False),
+    **{kind: Toggle(title, ("algo.policy_loss",), lambda c, k=kind: c["algo.policy_loss"] == k, absent=False)
+       for kind, title in (("gspo", "GSPO"), ("cispo", "CISPO"), ("clip_cov", "Clip-Cov"), ("kl_cov", "KL-Cov"))},
+    "top_entropy": Toggle("top-entropy tokens", ("algo.top_entropy_quantile",),
+                          lambda c: float(c["algo.top_entropy_quantile"]) < 1.0,
+                          prefer=("algo.top_entropy_quantile", 0.2), absent=False),
+    "group_token_mean": Toggle("per-prompt token mean", ("algo.loss_agg",),
+                               lambda c: c["algo.loss_agg"] == "group_token_mean"),
+    "ds_filter": Toggle("dynamic sampling, filter", ("algo.dynamic_sampling.mode", "algo.dynamic_sampling.enabled"),
+                        lambda c: _ds_mode(c) == "filter", absent=False),
+    "ds_mask": Toggle("dynamic sampling, mask", ("algo.dynamic_sampling.mode", "algo.dynamic_sampling.enabled"),
+                      lambda c: _ds_mode(c) == "mask", absent=False),
+    "acc_band": Toggle("accuracy band", ("algo.dynamic_sampling.min_acc", "algo.dynamic_sampling.max_acc"),
+                       lambda c: _ds_mode(c) is not None and (float(c["algo.dynamic_sampling.min_acc"]) > 0
+                                                               or float(c.get("algo.dynamic_sampling.max_acc", 1)) < 1),
+                       absent=False),
+    "drop_solved": Toggle("drop solved prompts", ("data.drop_solved",), lambda c: _truthy(c["data.drop_solved"]),
+                          absent=False),
 }
+DAPO_TOGGLES = ("overlong_filter", "clip_higher", "soft_punish", "token_loss", "dynamic_sampling")
+"""The paper's five techniques (Table 1); the other toggles are its successors'."""
+
+
+def _ds_mode(c: dict[str, Any]) -> str | None:
+    """Dynamic sampling's mode in a flat config, None when it is off (a config from before the modes: refill)."""
+    if not _truthy(c.get("algo.dynamic_sampling.enabled", False)):
+        return None
+    return str(c.get("algo.dynamic_sampling.mode", "refill"))
 
 
 PAPER_STEP: dict[str, float] = {"overlong_filter": 6.0, "clip_higher": 2.0, "soft_punish": 3.0,
@@ -79,11 +117,11 @@ def paper_delta(off: ArmInfo, on: ArmInfo, flat: dict[str, dict] | None = None) 
             diff = [t for t, (a, b) in states.items() if a != b]
             if not all(states[t] == (False, True) for t in diff):
                 diff = []
-    if len(diff) == 1:
+    if len(diff) == 1 and diff[0] in PAPER_STEP:
         return PAPER_STEP[diff[0]]
     if off.paper is not None and on.paper is not None:
         return float(on.paper) - float(off.paper)
-    return float(sum(PAPER_STEP[t] for t in diff)) if diff else float("nan")
+    return float(sum(PAPER_STEP[t] for t in diff)) if diff and all(t in PAPER_STEP for t in diff) else float("nan")
 
 
 def toggle_states(off_cfg: dict[str, Any], on_cfg: dict[str, Any]) -> dict[str, tuple[bool | None, bool | None]]:
@@ -92,10 +130,11 @@ def toggle_states(off_cfg: dict[str, Any], on_cfg: dict[str, Any]) -> dict[str, 
 
 
 def toggle_state(flat_cfg: dict[str, Any], toggle: str) -> bool | None:
-    """Whether ``toggle`` is on in a flattened config; None if its key is not there."""
+    """Whether ``toggle`` is on in a flattened config; None if its key is not there (the toggle's
+    ``absent`` state for a key added after older runs existed)."""
     t = TOGGLES[toggle]
     if t.keys[0] not in flat_cfg:
-        return None
+        return t.absent
     try:
         return bool(t.state(flat_cfg))
     except (TypeError, ValueError):
@@ -220,20 +259,20 @@ def dapo_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
              *, _acfg: dict | None = None) -> ArmInfo | None:
     """The full-DAPO arm: a ladder's last row; else the arm named "dapo"; else the one with most
     techniques (ties: the later arm). None without runs."""
-    return _end_arm(tidy, sweep, configs, _acfg, ladder_index=-1, name="dapo", choose=max)
+    return _end_arm(tidy, sweep, configs, _acfg, ladder_index=-1, name="dapo", choose=max, toggles=DAPO_TOGGLES)
 
 
 def baseline_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
                  *, _acfg: dict | None = None) -> ArmInfo | None:
     """The baseline arm (GRPO): a ladder's first row; else the arm named "grpo"; else the one with
     fewest techniques (ties: the earlier arm). None without runs."""
-    return _end_arm(tidy, sweep, configs, _acfg, ladder_index=0, name="grpo", choose=min)
+    return _end_arm(tidy, sweep, configs, _acfg, ladder_index=0, name="grpo", choose=min, toggles=tuple(TOGGLES))
 
 
 def _end_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None, acfg: dict | None, *,
-             ladder_index: int, name: str, choose) -> ArmInfo | None:
+             ladder_index: int, name: str, choose, toggles: tuple[str, ...]) -> ArmInfo | None:
     """One end of the technique count: a ladder's row ``ladder_index``, else the arm called ``name``,
-    else ``choose`` (min/max) over (techniques on, arm order)."""
+    else ``choose`` (min/max) over (techniques of ``toggles`` on, arm order)."""
     arms = arms_with_runs(tidy, sweep)
     if not arms:
         return None
@@ -243,7 +282,7 @@ def _end_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None, acfg: d
         if a.name.lower() == name:
             return a
     acfg = acfg if acfg is not None else flat_arm_configs(tidy, sweep, configs)
-    return choose(arms, key=lambda a: (sum(bool(toggle_state(acfg[a.name], t)) for t in TOGGLES),
+    return choose(arms, key=lambda a: (sum(bool(toggle_state(acfg[a.name], t)) for t in toggles),
                                        [x.name for x in arms].index(a.name)))
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .arms import (TOGGLES, arms_with_runs, baseline_arm, dapo_arm, exact_pairs, flat_arm_configs, paper_delta,
+from .arms import (DAPO_TOGGLES, arms_with_runs, baseline_arm, dapo_arm, exact_pairs, flat_arm_configs, paper_delta,
                    toggle_states)
 from .metric_names import (dataset_name, equivalence_margin, is_paper_metric, mask_undefined, metric_scale,
                            metric_short, primary_metric)
@@ -74,7 +74,7 @@ def _isolates(off: ArmInfo, on: ArmInfo, acfg: dict) -> str:
     diff = [t for t, (a, b) in toggle_states(acfg[off.name], acfg[on.name]).items() if a != b]
     if len(diff) == 1:
         return diff[0]
-    return "all" if len(diff) == len(TOGGLES) else ""
+    return "all" if set(diff) == set(DAPO_TOGGLES) else ""
 
 
 def family_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None, final_k: int | None = 3, *,

@@ -19,6 +19,8 @@ and DAPO's successors are toggles beside them (README, "The algorithm, as toggle
 - ``algo.advantage``         the std of Â (group / batch / none: Dr. GRPO) and the baseline (mean / RLOO)
 - ``algo.policy_loss``       ppo_clip / gspo / cispo / clip_cov / kl_cov, each with its own group of keys
 - ``algo.top_entropy_quantile``  only the highest-entropy tokens in the loss (1.0 = off)
+- ``algo.dynamic_sampling.mode`` / ``min_acc`` / ``max_acc``  refill, filter or mask; the accuracy band
+- ``data.drop_solved``       a prompt every response solved is not drawn again from the next epoch on
 
 ``import dapo.config`` must not import torch (tests check it).
 """
@@ -80,6 +82,9 @@ class DataConfig:
     use_chat_template: Literal["auto", "yes", "no"] = doc("wrap prompts in the tokenizer's chat template (auto = if it has one)", "auto")
     max_prompt_tokens: int = doc("prompts longer than this are bad rows (dropped or fatal, see on_bad)", 1024)
     on_bad: Literal["drop", "fail"] = doc("what to do with bad rows (missing answer, non-string prompt, too long)", "drop")
+    drop_solved: bool = doc("a prompt whose G responses were all correct leaves the training pool: it is not drawn "
+                            "again from the next epoch on (within an epoch every prompt is drawn once); kept in "
+                            "the sampler's checkpointed state (dapo.sampler)", False)
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,13 @@ class DynamicSamplingConfig:
     oversample: float = doc("prompts per round = ceil(oversample × batch_prompts) when gen_batch_prompts is None", 3.0)
     max_gen_rounds: int = doc("give up after this many generation rounds in one step", 10)
     on_exhausted: Literal["error", "proceed"] = doc("when rounds run out: stop with an error, or train on what was kept", "error")
+    mode: Literal["refill", "filter", "mask"] = doc(
+        "what happens to the groups outside the band: refill (DAPO: dropped, and more rounds are generated until "
+        "the batch is full), filter (dropped, one round of batch_prompts, no refill: a smaller batch), mask (kept "
+        "in the batch with loss weight 0: out of every token and sequence count)", "refill")
+    min_acc: float = doc("the band's lower end: a group is kept when min_acc < #correct/G < max_acc (0 and 1: "
+                         "0 < #correct < G, DAPO's rule)", 0.0)
+    max_acc: float = doc("the band's upper end (exclusive, see min_acc)", 1.0)
 
 
 @dataclass(frozen=True)
@@ -303,7 +315,7 @@ class Config:
     @property
     def gen_batch_prompts(self) -> int:
         ds = self.algo.dynamic_sampling
-        if not ds.enabled:
+        if not ds.enabled or ds.mode != "refill":   # filter / mask: one round of the batch, no oversampling
             return self.train.batch_prompts
         if ds.gen_batch_prompts is not None:
             return ds.gen_batch_prompts
@@ -471,6 +483,11 @@ def _check_ranges(cfg: Config, where: str) -> None:
     need(ds.oversample >= 1, "algo.dynamic_sampling.oversample", ds.oversample, "must be >= 1")
     need(ds.gen_batch_prompts is None or ds.gen_batch_prompts >= 1,
          "algo.dynamic_sampling.gen_batch_prompts", ds.gen_batch_prompts, "must be >= 1 or null")
+    need(0 <= ds.min_acc < 1, "algo.dynamic_sampling.min_acc", ds.min_acc, "must be in [0, 1)")
+    need(ds.min_acc < ds.max_acc <= 1, "algo.dynamic_sampling.max_acc", ds.max_acc,
+         f"must be in (algo.dynamic_sampling.min_acc = {ds.min_acc}, 1]")
+    need(ds.enabled or (ds.mode == "refill" and (ds.min_acc, ds.max_acc) == (0.0, 1.0)), "algo.dynamic_sampling.mode",
+         ds.mode, "and the band (min_acc, max_acc) need algo.dynamic_sampling.enabled=true")
     need(r.n >= 2, "rollout.n", r.n, "G must be >= 2: the group advantage (R - mean(R)) / (std(R) + eps) of a "
          "group of one response is 0, so a single response per prompt gives no gradient")
     need(r.temperature >= 0, "rollout.temperature", r.temperature, "must be >= 0")
@@ -520,7 +537,8 @@ def _check_ranges(cfg: Config, where: str) -> None:
     need(lim is None or lim >= cfg.gen_batch_prompts, "data.train_limit", lim,
          f"fewer training problems than one generation round takes ({cfg.gen_batch_prompts}: "
          + ("algo.dynamic_sampling's gen_batch_prompts / oversample x train.batch_prompts)"
-            if cfg.algo.dynamic_sampling.enabled else "train.batch_prompts)")
+            if cfg.algo.dynamic_sampling.enabled and cfg.algo.dynamic_sampling.mode == "refill"
+            else "train.batch_prompts)")
          + "; raise it, or set it to null")
     need(r.vllm_kv_cache_gib > 0, "rollout.vllm_kv_cache_gib", r.vllm_kv_cache_gib,
          "must be > 0 (GiB of KV cache for the CPU vLLM engine; the engine cannot start without one)")
@@ -766,6 +784,8 @@ def _defaults(cls: type, prefix: str) -> dict[str, Any]:
 # The behaviour policy and DAPO's successors: every key at its default is the March-2025 recipe, left out of the hash;
 # a section all of whose keys are left out is left out too (config_hash drops emptied sections).
 HASHED_WHEN_NOT.update(_defaults(AdvantageConfig, "algo.advantage"))
+HASHED_WHEN_NOT.update({"algo.dynamic_sampling.mode": "refill", "algo.dynamic_sampling.min_acc": 0.0,
+                        "algo.dynamic_sampling.max_acc": 1.0, "data.drop_solved": False})
 HASHED_WHEN_NOT.update({"algo.policy_loss": "ppo_clip", "algo.top_entropy_quantile": 1.0, "algo.old_logprobs": "trainer"})
 HASHED_WHEN_NOT.update(_defaults(RolloutCorrectionConfig, "algo.rollout_correction"))
 for _cls, _key in ((GSPOConfig, "gspo"), (CISPOConfig, "cispo"), (ClipCovConfig, "clip_cov"), (KLCovConfig, "kl_cov")):

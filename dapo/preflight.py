@@ -222,7 +222,8 @@ def _check_enough_rows(cfg: Config, where: str, n_rows: int, report) -> None:
     after = [k for k, v in (("data.train_skip", cfg.data.train_skip), ("data.train_limit", cfg.data.train_limit))
              if v]
     round_ = (f"algo.dynamic_sampling's round: gen_batch_prompts or oversample x train.batch_prompts = {need}"
-              if cfg.algo.dynamic_sampling.enabled else f"train.batch_prompts = {need}")
+              if cfg.algo.dynamic_sampling.enabled and cfg.algo.dynamic_sampling.mode == "refill"
+              else f"train.batch_prompts = {need}")
     raise ConfigError(f"{where}: data.train = {show(cfg.data.train)}: {n} usable training problem"
                       f"{'' if n == 1 else 's'}{' after ' + ' and '.join(after) if after else ''} "
                       f"({report.kept} of {report.total} rows kept), fewer than one generation round takes ({round_}); give more "

@@ -45,6 +45,8 @@ class RolloutBatch:
     stats: dict[str, float] = field(default_factory=dict)
     rollout_logprobs: list[list[float]] | None = None   # N lists aligned with response_ids: log π_rollout
                                                          # (None when the engine returned none)
+    in_loss: torch.Tensor | None = None   # [B] bool: groups that enter the loss (dynamic sampling mode=mask);
+                                          # None = every group
 
     @property
     def num_groups(self) -> int:
@@ -83,11 +85,15 @@ def collect_rollouts(engine, sampler, prompt_tokens, cfg: Config, rollout_step: 
                      world: int = 1) -> RolloutBatch:
     """Generate and score groups until B informative groups are kept (dynamic sampling).
 
-    Without dynamic sampling: one round of B prompts, every group kept. With it: rounds of
-    ``cfg.gen_batch_prompts`` prompts, keep groups with 0 < #correct < G (correctness, not
-    the shaped reward), stop at B kept or after ``max_gen_rounds`` (then error or proceed).
+    Without dynamic sampling: one round of B prompts, every group kept. With it (mode refill): rounds
+    of ``cfg.gen_batch_prompts`` prompts, keep groups in the band (0 < #correct < G by default;
+    correctness, not the shaped reward), stop at B kept or after ``max_gen_rounds`` (then error or
+    proceed). Modes filter and mask: one round of B prompts; filter drops the groups outside the band,
+    mask keeps them with loss weight 0 (``RolloutBatch.in_loss``); see `algo.dynamic_sampling_keep`.
+    With ``data.drop_solved`` every all-correct group's prompt is marked solved in the sampler.
     With several ranks (``rank`` of ``world``) each round is scored once, split over the ranks
-    (:func:`score_round`), so every rank keeps the same groups and runs the same rounds.
+    (:func:`score_round`), so every rank keeps the same groups, marks the same prompts solved and runs
+    the same rounds.
     """
     from dapo.engines import SamplingSpec
     G, B = cfg.rollout.n, cfg.train.batch_prompts
@@ -95,7 +101,8 @@ def collect_rollouts(engine, sampler, prompt_tokens, cfg: Config, rollout_step: 
     kept: list[tuple[list[int], list[Any], torch.Tensor]] = []   # (prompt ids, completions, correct [G])
     seen: list[torch.Tensor] = []                                # correct [G] of every generated group
     gen_tokens = rounds = 0
-    max_rounds = ds.max_gen_rounds if ds.enabled else 1
+    refill = ds.enabled and ds.mode == "refill"
+    max_rounds = ds.max_gen_rounds if refill else 1
     while rounds < max_rounds and len(kept) < B:
         examples = sampler.next_batch()  # batch size fixed at cfg.gen_batch_prompts
         prompts = [prompt_tokens[example_key(ex)] for ex in examples]
@@ -105,13 +112,15 @@ def collect_rollouts(engine, sampler, prompt_tokens, cfg: Config, rollout_step: 
         outs = generate_round(engine, prompts, spec)                             # [B'][G]
         rounds += 1
         scores = score_round(examples, outs, rank=rank, world=world)            # [B', G]
-        for p, comps, corr in zip(prompts, outs, scores):
+        for ex, p, comps, corr in zip(examples, prompts, outs, scores):
             gen_tokens += sum(len(c.token_ids) for c in comps)
             seen.append(corr)
-            if not ds.enabled or bool(algo.informative_groups(corr[None])[0]):
+            if cfg.data.drop_solved and bool(corr.all()):
+                sampler.mark_solved(ex)
+            if not ds.enabled or bool(algo.dynamic_sampling_keep(corr[None], ds.mode, ds.min_acc, ds.max_acc)[0][0]):
                 kept.append((p, comps, corr))
     groups = algo.group_stats(torch.stack(seen) if seen else torch.zeros(0, G, dtype=torch.bool))
-    if ds.enabled and len(kept) < B:
+    if refill and len(kept) < B:
         _exhausted(cfg, rollout_step, len(kept), rounds, len(seen), groups)
     kept = kept[:B]
     stats = {"sampling/gen_rounds": rounds,
@@ -120,6 +129,8 @@ def collect_rollouts(engine, sampler, prompt_tokens, cfg: Config, rollout_step: 
              "sampling/all_correct_frac": groups["all_correct_frac"],
              "sampling/all_wrong_frac": groups["all_wrong_frac"],
              "sampling/gen_tokens": gen_tokens}
+    if cfg.data.drop_solved:
+        stats.update(sampler.pool_stats())
     return _assemble(kept, cfg, stats)
 
 
@@ -158,6 +169,11 @@ def _assemble(kept: list[tuple[list[int], list[Any], torch.Tensor]], cfg: Config
     else:
         penalty = torch.zeros_like(score)
     finished_t = torch.tensor(finished, dtype=torch.bool)                                            # [N]
+    ds = cfg.algo.dynamic_sampling
+    in_loss = None
+    if ds.enabled and ds.mode == "mask":                                                             # [B] bool
+        in_loss = algo.dynamic_sampling_keep(correct, ds.mode, ds.min_acc, ds.max_acc)[1]
+        stats = {**stats, "sampling/masked_groups": float((~in_loss).sum())}
     stats = {**stats,
              "sampling/skipped_update": 0.0 if kept else 1.0,
              "rollout/acc_mean": correct.float().mean().item() if kept else math.nan,   # nan: nothing kept
@@ -171,7 +187,8 @@ def _assemble(kept: list[tuple[list[int], list[Any], torch.Tensor]], cfg: Config
              "rollout/truncated_frac": (~finished_t).float().mean().item() if kept else math.nan}
     rollout_lp = lps if lps and all(lp is not None and len(lp) == len(r) for lp, r in zip(lps, response_ids)) \
         else None
-    return RolloutBatch(prompt_ids, response_ids, finished_t, correct, score + penalty, penalty, stats, rollout_lp)
+    return RolloutBatch(prompt_ids, response_ids, finished_t, correct, score + penalty, penalty, stats, rollout_lp,
+                        in_loss)
 
 
 # =========================================================================== the engine

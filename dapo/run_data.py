@@ -83,7 +83,8 @@ def load_run_data(cfg: Config, tokenizer, log) -> tuple[Any, dict[tuple, list[in
     if not train_examples:
         raise ValueError(f"data.train={cfg.data.train!r}: no usable training rows")
     prompt_tokens = _tokenize(kept, tokenizer, use_chat)
-    sampler = PromptSampler(train_examples, batch_size=cfg.gen_batch_prompts, seed=cfg.train.seed)
+    sampler = PromptSampler(train_examples, batch_size=cfg.gen_batch_prompts, seed=cfg.train.seed,
+                            drop_solved=cfg.data.drop_solved)
     tags = {"dapo.data.train": report.summary(), "dapo.data.too_long_prompts": too_long,
             "dapo.data.train_eval_overlap": sum(overlap.values())}
     return sampler, prompt_tokens, eval_sets, tags

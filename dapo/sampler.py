@@ -2,7 +2,9 @@
 
 Epoch ``e`` is a shuffle seeded by (seed, e) only, so after a restart the sampler rebuilds
 it from its saved (epoch, cursor) and the batches continue as if never interrupted; the
-saved state also fingerprints the data and the seed, checked on load. Plain Python.
+saved state also fingerprints the data and the seed, checked on load. With ``drop_solved``
+the prompts every response solved leave the pool from the next epoch on; that set is part of the
+saved state too. Plain Python.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ class PromptSampler:
     ``state_dict()`` / ``load_state_dict()`` save and restore (epoch, cursor); after loading,
     the sequence of batches continues exactly as if never interrupted. The state also holds
     the seed, the number of examples and a fingerprint of the data, checked on load.
+
+    ``drop_solved=True``: :meth:`mark_solved` records a prompt whose G responses were all correct; it
+    stays in the current epoch's order (every prompt is drawn once per epoch anyway) and leaves the pool
+    from the next epoch on: epoch ``e`` visits ``permutation(e)`` without the prompts solved before it
+    began. The state then also holds the solved prompts and those left out of the current epoch.
     """
 
     def __init__(
@@ -50,6 +57,7 @@ class PromptSampler:
         drop_last: bool = True,
         epoch: int = 0,
         cursor: int = 0,
+        drop_solved: bool = False,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size={batch_size} must be > 0")
@@ -66,13 +74,17 @@ class PromptSampler:
         self._fingerprint = _fingerprint(self.examples)
         self._perm: list[int] = []
         self._perm_epoch = -1
+        self.drop_solved = drop_solved
+        self._row = {(ex.source, ex.index): i for i, ex in enumerate(self.examples)}
+        self._solved: set[int] = set()         # example indices solved so far
+        self._left_out: frozenset[int] = frozenset()   # the solved ones as of the current epoch's start
         self.epoch = epoch
         self.cursor = cursor
         self._check_position()
 
     def __len__(self) -> int:
-        """Full batches per epoch (plus one short one when drop_last=False)."""
-        n, b = len(self.examples), self.batch_size
+        """Full batches in the current epoch's pool (plus one short one when drop_last=False)."""
+        n, b = self.pool_size, self.batch_size
         return n // b if self.drop_last else -(-n // b)
 
     def permutation(self, epoch: int) -> list[int]:
@@ -82,18 +94,46 @@ class PromptSampler:
         return perm
 
     def _current_perm(self) -> list[int]:
+        """The current epoch's order: ``permutation(epoch)`` without the prompts left out of it."""
         if self._perm_epoch != self.epoch:
-            self._perm, self._perm_epoch = self.permutation(self.epoch), self.epoch
+            self._perm = [i for i in self.permutation(self.epoch) if i not in self._left_out]
+            self._perm_epoch = self.epoch
         return self._perm
+
+    @property
+    def pool_size(self) -> int:
+        """Prompts in the current epoch's pool (all of them without drop_solved)."""
+        return len(self.examples) - len(self._left_out)
+
+    def mark_solved(self, example: Example) -> None:
+        """Record that every response to ``example`` was correct: with drop_solved, it is not drawn again
+        from the next epoch on (without drop_solved this does nothing)."""
+        if self.drop_solved:
+            self._solved.add(self._row[(example.source, example.index)])
+
+    def pool_stats(self) -> dict[str, float]:
+        """``sampling/pool_prompts`` (the current epoch's pool) and ``sampling/solved_prompts`` (solved so
+        far: out of the pool from the next epoch on)."""
+        return {"sampling/pool_prompts": float(self.pool_size), "sampling/solved_prompts": float(len(self._solved))}
+
+    def _new_epoch(self) -> None:
+        """Advance to the next epoch; the prompts solved so far leave its pool."""
+        self.epoch, self.cursor = self.epoch + 1, 0
+        self._left_out = frozenset(self._solved)
+        need = self.batch_size if self.drop_last else 1
+        if self.pool_size < need:
+            raise ValueError(f"data.drop_solved: {len(self._solved)} of {len(self.examples)} training prompts are "
+                             f"solved, leaving {self.pool_size} for epoch {self.epoch}, fewer than one batch of "
+                             f"{self.batch_size}; train fewer steps, on more data, or without data.drop_solved")
 
     def next_batch(self, n: int | None = None) -> list[Example]:
         """The next ``n`` (default ``batch_size``) examples; advances the cursor."""
         n = self.batch_size if n is None else n
         if n <= 0 or (self.drop_last and n > len(self.examples)):
             raise ValueError(f"batch of {n} from {len(self.examples)} examples (drop_last={self.drop_last})")
-        remaining = len(self.examples) - self.cursor
+        remaining = self.pool_size - self.cursor
         if remaining <= 0 or (self.drop_last and remaining < n):
-            self.epoch, self.cursor = self.epoch + 1, 0
+            self._new_epoch()
         perm = self._current_perm()
         idx = perm[self.cursor : self.cursor + n]
         self.cursor += len(idx)
@@ -104,7 +144,7 @@ class PromptSampler:
             yield self.next_batch()
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "version": 1,
             "seed": self.seed,
             "epoch": self.epoch,
@@ -112,6 +152,9 @@ class PromptSampler:
             "num_examples": len(self.examples),
             "fingerprint": self._fingerprint,
         }
+        if self.drop_solved:   # only then: every other run's state stays as it was
+            state.update(solved=sorted(self._solved), left_out=sorted(self._left_out))
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, strict: bool = True) -> None:
         """Restore (epoch, cursor). ``strict`` also requires the same seed and data."""
@@ -127,10 +170,13 @@ class PromptSampler:
                         f"{mine[key]!r}; the data or seed changed (load with strict=False to ignore)"
                     )
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        self._solved = {int(i) for i in state.get("solved", ())}
+        self._left_out = frozenset(int(i) for i in state.get("left_out", ()))
+        self._perm_epoch = -1   # rebuilt from (seed, epoch, left_out)
         self._check_position()
 
     def _check_position(self) -> None:
-        if self.epoch < 0 or not 0 <= self.cursor <= len(self.examples):
+        if self.epoch < 0 or not 0 <= self.cursor <= self.pool_size:
             raise ValueError(
                 f"sampler position epoch={self.epoch} cursor={self.cursor} is out of range "
                 f"for {len(self.examples)} examples"

@@ -161,6 +161,7 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
                                           old_logprobs(policy.module, batch, cfg, policy.pad_id, policy.device,
                                                        policy.autocast, policy.rank, policy.world))
             loss_mask = response_loss_mask(resp_mask, batch.finished, cfg.algo.overlong.filter)
+            loss_mask = algo.mask_groups(loss_mask, batch.in_loss)   # dynamic sampling mode=mask: out of the loss
             selection = {}
             if top_q < 1.0:
                 before = float(loss_mask.sum())

@@ -41,6 +41,8 @@ NEW_DEFAULTS = {
     "algo.gspo.eps_low": 3e-4, "algo.gspo.eps_high": 4e-4, "algo.cispo.eps_low": None, "algo.cispo.eps_high": 0.28,
     "algo.clip_cov.ratio": 2e-4, "algo.clip_cov.lb": 1.0, "algo.clip_cov.ub": 5.0,
     "algo.kl_cov.ratio": 2e-4, "algo.kl_cov.coef": 1.0, "algo.top_entropy_quantile": 1.0,
+    "algo.dynamic_sampling.mode": "refill", "algo.dynamic_sampling.min_acc": 0.0,
+    "algo.dynamic_sampling.max_acc": 1.0, "data.drop_solved": False,
 }
 
 
@@ -70,7 +72,9 @@ def test_a_new_key_off_its_default_is_hashed():
     for ov in ["algo.advantage.std=none", "algo.advantage.std=batch", "algo.advantage.baseline=leave_one_out",
                "algo.policy_loss=gspo", "algo.policy_loss=cispo", "algo.policy_loss=clip_cov", "algo.policy_loss=kl_cov",
                "algo.gspo.eps_high=0.001", "algo.cispo.eps_low=0.5", "algo.clip_cov.ub=6", "algo.kl_cov.coef=0.5",
-               "algo.top_entropy_quantile=0.2", "algo.loss_agg=group_token_mean"]:
+               "algo.top_entropy_quantile=0.2", "algo.loss_agg=group_token_mean",
+               "algo.dynamic_sampling.mode=filter", "algo.dynamic_sampling.mode=mask",
+               "algo.dynamic_sampling.min_acc=0.1", "algo.dynamic_sampling.max_acc=0.9", "data.drop_solved=true"]:
         h = config_hash(load_config(None, [ov]))
         assert h not in seen, ov
         seen.add(h)
@@ -482,3 +486,352 @@ def test_clip_cov_update_is_seeded():
     assert a_steps[0].cov_selected_frac > 0 and a_steps[0].cov_selected_frac == b_steps[0].cov_selected_frac
     for k in a:
         assert torch.equal(a[k], b[k])
+
+
+# ----------------------------------------------------------------------------------------
+# Dynamic sampling's modes (refill / filter / mask), the accuracy band, and data.drop_solved
+# ----------------------------------------------------------------------------------------
+
+# five groups of G = 4 with 0, 1, 2, 3, 4 correct: accuracies 0, .25, .5, .75, 1
+FIVE = torch.tensor([[False] * 4, [True, False, False, False], [True, True, False, False],
+                     [True, True, True, False], [True] * 4])
+
+
+def test_dynamic_sampling_keep_hand():
+    for mode in ("refill", "filter"):                       # the batch is the band: 0 < acc < 1
+        batch, loss = algo.dynamic_sampling_keep(FIVE, mode)
+        assert batch.tolist() == loss.tolist() == [False, True, True, True, False]
+    batch, loss = algo.dynamic_sampling_keep(FIVE, "mask")  # every group stays; the band alone is in the loss
+    assert batch.tolist() == [True] * 5 and loss.tolist() == [False, True, True, True, False]
+    # the band is exclusive: (0.25, 0.75) keeps only acc 0.5; (0.2, 0.8) keeps .25, .5, .75; (0, 0.6) keeps .25, .5
+    assert algo.informative_groups(FIVE, 0.25, 0.75).tolist() == [False, False, True, False, False]
+    assert algo.informative_groups(FIVE, 0.2, 0.8).tolist() == [False, True, True, True, False]
+    assert algo.informative_groups(FIVE, 0.0, 0.6).tolist() == [False, True, True, False, False]
+    assert torch.equal(algo.informative_groups(FIVE), algo.informative_groups(FIVE, 0.0, 1.0))
+    with pytest.raises(ValueError, match=r"valid: \['refill', 'filter', 'mask'\]"):
+        algo.dynamic_sampling_keep(FIVE, "resample")
+
+
+def test_mask_groups_zeroes_whole_groups():
+    mask = torch.ones(6, 3)                                   # B = 3 groups of G = 2 rows
+    out = algo.mask_groups(mask, torch.tensor([True, False, True]))
+    assert out.sum(-1).tolist() == [3.0, 3.0, 0.0, 0.0, 3.0, 3.0]
+    assert algo.mask_groups(mask, None) is mask
+
+
+@pytest.mark.parametrize("agg, scale", [("token_mean", 12 / 6), ("seq_mean_token_mean", 6 / 4),
+                                        ("group_token_mean", 3 / 2)])
+def test_mask_scales_the_step_loss_by_the_counts_it_removes(agg, scale):
+    # Three groups of G = 2 with rewards (1, -1), (1, 1), (-1, 1): the middle group is all correct, Â = 0.
+    # Rows have 2, 1 | 3, 3 | 1, 2 tokens (T = 12; the masked group holds 6 of them, 2 sequences, 1 group).
+    # With logp = old (r = 1) ℓ = -Â per token, Â = ±1/√2 (std of (1, -1) is √2):
+    # Σ ℓ·m = -(2 - 1)/√2 - (-1 + 2)/√2 = -√2, the same with or without the mask (Â = 0 there), so
+    # token_mean's loss grows by T_all / T_kept = 12 / 6, the sequence mean's by 6 / 4, the group mean's by 3 / 2.
+    rewards = torch.tensor([[1.0, -1.0], [1.0, 1.0], [-1.0, 1.0]], dtype=torch.float64)
+    adv = algo.group_advantages(rewards).reshape(-1)
+    lengths = [2, 1, 3, 3, 1, 2]
+    mask = torch.tensor([[1.0] * n + [0.0] * (3 - n) for n in lengths], dtype=torch.float64)
+    logp = torch.full((6, 3), -1.0, dtype=torch.float64)
+    in_loss = algo.dynamic_sampling_keep(rewards > 0, "mask")[1]
+    assert in_loss.tolist() == [True, False, True]
+    groups = torch.arange(6) // 2
+    kw = dict(eps_low=0.2, eps_high=0.28, agg=agg)
+    full, _ = algo.policy_loss(logp, logp, adv, mask, **_group_kw(agg, mask, groups), **kw)
+    masked_mask = algo.mask_groups(mask, in_loss)
+    masked, _ = algo.policy_loss(logp, logp, adv, masked_mask, **_group_kw(agg, masked_mask, groups), **kw)
+    if agg == "token_mean":
+        assert full.item() == pytest.approx(-math.sqrt(2) / 12, rel=1e-6)
+    assert masked.item() == pytest.approx(full.item() * scale, rel=1e-6)
+
+
+def _group_kw(agg, mask, groups):
+    """group_token_mean's counts (T_g per row, K) of a whole step, as dapo.update passes them."""
+    if agg != "group_token_mean":
+        return {}
+    per_group = torch.zeros(int(groups.max()) + 1, dtype=mask.dtype).index_add_(0, groups, mask.sum(-1))
+    return {"group_tokens": per_group[groups], "num_groups": float((per_group > 0).sum())}
+
+
+def _collect(mode, answers, B, **ov):
+    """collect_rollouts over scripted groups with dynamic sampling ``mode`` (tests/test_train's fakes)."""
+    from dapo.rollout import collect_rollouts
+    from tests.test_train import ListSampler, ScriptedEngine, _cfg, _examples
+    ex = _examples(len(answers))
+    tokens = {(e.source, e.index): [e.index] for e in ex}
+    cfg = _cfg(**{"train.batch_prompts": B, "algo.dynamic_sampling.mode": mode, **ov})
+    engine = ScriptedEngine(answers)
+    batch = collect_rollouts(engine, ListSampler(ex, cfg.gen_batch_prompts), tokens, cfg, 1)
+    return batch, engine, cfg
+
+
+# prompts 0, 1: all correct / all wrong; 2: one of four correct (acc .25); 3: three of four (acc .75)
+SCRIPT = {0: ["7"] * 4, 1: ["1"] * 4, 2: ["7", "1", "1", "1"], 3: ["7", "7", "7", "2"]}
+
+
+def test_filter_drops_the_flat_groups_and_never_runs_a_second_round():
+    # B = 4, one round of 4 prompts (no oversampling, even with on_exhausted = error): groups 2, 3 stay
+    batch, engine, cfg = _collect("filter", SCRIPT, 4, **{"algo.dynamic_sampling.on_exhausted": "error"})
+    assert cfg.gen_batch_prompts == 4 and engine.calls == 1
+    s = batch.stats
+    assert (s["sampling/gen_rounds"], s["sampling/kept_groups"], s["sampling/discarded_groups"]) == (1, 2, 2)
+    assert batch.correct.sum(-1).tolist() == [1, 3] and batch.in_loss is None and "sampling/masked_groups" not in s
+    # nothing in the band: an empty batch (no update), not an error and not a second round
+    batch, engine, _ = _collect("filter", {0: ["7"] * 4, 1: ["1"] * 4}, 2)
+    assert engine.calls == 1 and batch.num_groups == 0 and batch.stats["sampling/skipped_update"] == 1.0
+
+
+def test_mask_keeps_every_group_and_marks_the_flat_ones_out_of_the_loss():
+    batch, engine, _ = _collect("mask", SCRIPT, 4)
+    s = batch.stats
+    assert engine.calls == 1 and batch.num_groups == 4
+    assert batch.in_loss.tolist() == [False, False, True, True]
+    assert (s["sampling/kept_groups"], s["sampling/discarded_groups"], s["sampling/masked_groups"]) == (4, 0, 2.0)
+    assert s["rollout/acc_mean"] == pytest.approx(8 / 16)     # over the whole batch, masked groups included
+
+
+def test_the_band_decides_in_every_mode():
+    # band (0.3, 1): acc .25 (prompt 2) is out, .75 (prompt 3) in
+    band = {"algo.dynamic_sampling.min_acc": 0.3}
+    batch, engine, _ = _collect("refill", {**SCRIPT, 4: ["7", "7", "1", "1"]}, 2, **band,
+                                **{"algo.dynamic_sampling.gen_batch_prompts": 5})
+    assert batch.correct.sum(-1).tolist() == [3, 2] and batch.stats["sampling/discarded_groups"] == 3
+    batch, _, _ = _collect("filter", SCRIPT, 4, **band)
+    assert batch.correct.sum(-1).tolist() == [3]
+    batch, _, _ = _collect("mask", SCRIPT, 4, **band)
+    assert batch.in_loss.tolist() == [False, False, False, True] and batch.stats["sampling/masked_groups"] == 3.0
+
+
+def test_mode_and_band_are_validated():
+    for ov, msg in [(["algo.dynamic_sampling.mode=again"], "'refill', 'filter', 'mask'"),
+                    (["algo.dynamic_sampling.min_acc=0.6", "algo.dynamic_sampling.max_acc=0.5"], "max_acc"),
+                    (["algo.dynamic_sampling.min_acc=-0.1"], "min_acc"),
+                    (["algo.dynamic_sampling.enabled=false", "algo.dynamic_sampling.mode=mask"],
+                     "need algo.dynamic_sampling.enabled=true")]:
+        with pytest.raises(ConfigError, match=msg):
+            load_config(None, ov)
+
+
+def test_mask_mode_update_is_the_unmasked_update_scaled(tmp_path):
+    """Through dapo.update: masking the Â = 0 groups leaves the gradient's direction and multiplies the
+    step loss by T_all / T_kept (plain SGD, one step, so the parameter change scales the same way)."""
+    from dapo.logprobs import old_logprobs
+    from dapo.update import Policy, update_policy
+    from tests.test_train import _cfg, _random_batch, _tiny_policy
+    cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4,
+                  "train.micro_batch_seqs": 4, "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false",
+                  "train.grad_clip": 1e9})                       # no clipping: the gradient scales as the loss
+    batch = _random_batch()
+    batch.rewards[1] = 1.0                                    # group 1 all equal: Â = 0
+    in_loss = torch.tensor([True, False, True, True])
+    out = {}
+    for name, keep in (("all", None), ("mask", in_loss)):
+        model = _tiny_policy(0)
+        old, _, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
+        mask = algo.mask_groups(mask, keep)
+        adv = algo.group_advantages(batch.rewards).reshape(-1)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        steps = update_policy(Policy(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+                                     torch.device("cpu")), batch, old - 0.05, adv, mask, cfg)
+        out[name] = (steps[0].loss, {k: model.state_dict()[k] - before[k] for k in before}, float(mask.sum()))
+    t_all, t_kept = out["all"][2], out["mask"][2]
+    assert t_kept < t_all
+    assert out["mask"][0] == pytest.approx(out["all"][0] * t_all / t_kept, rel=1e-5)
+    for k, d in out["all"][1].items():
+        torch.testing.assert_close(out["mask"][1][k], d * t_all / t_kept, rtol=1e-4, atol=1e-6)
+
+
+def _pool(n=6):
+    from tests.test_train import _examples
+    return _examples(n)
+
+
+def _draw(sampler, k):
+    return [[e.index for e in sampler.next_batch()] for _ in range(k)]
+
+
+def test_drop_solved_leaves_the_epoch_alone_and_the_next_epochs_pool_without_the_solved():
+    from dapo.sampler import PromptSampler
+    ex = _pool(6)
+    plain, dropping = PromptSampler(ex, 2, seed=3), PromptSampler(ex, 2, seed=3, drop_solved=True)
+    first = _draw(dropping, 1)[0]
+    assert first == _draw(plain, 1)[0]
+    for i in first:                                            # both prompts of the first batch solved
+        dropping.mark_solved(ex[i])
+        plain.mark_solved(ex[i])                               # without drop_solved: nothing happens
+    # the rest of epoch 0 is as without drop_solved (every prompt is drawn once per epoch anyway)
+    assert _draw(dropping, 2) == _draw(plain, 2)
+    assert dropping.pool_stats() == {"sampling/pool_prompts": 6.0, "sampling/solved_prompts": 2.0}
+    # epoch 1: permutation(1) without the two solved prompts: 4 prompts, 2 batches, then epoch 2
+    epoch1 = _draw(dropping, 2)
+    assert dropping.epoch == 1 and dropping.pool_size == 4 and len(dropping) == 2
+    assert [i for b in epoch1 for i in b] == [i for i in dropping.permutation(1) if i not in first]
+    assert _draw(plain, 3) != epoch1 + _draw(dropping, 0)      # the plain sampler still draws all 6
+    assert sorted(i for b in _draw(dropping, 2) for i in b) == sorted(set(range(6)) - set(first))
+    assert dropping.epoch == 2
+    # the state: the solved and the left-out prompts, only with drop_solved
+    assert set(plain.state_dict()) == {"version", "seed", "epoch", "cursor", "num_examples", "fingerprint"}
+    assert dropping.state_dict()["solved"] == dropping.state_dict()["left_out"] == sorted(first)
+
+
+def test_drop_solved_resumes_exactly_from_a_checkpoint(tmp_path):
+    """Mid-epoch, with prompts solved in this epoch and before it: a sampler restored from a real
+    checkpoint's state.json draws exactly what the uninterrupted one draws, across the next epochs."""
+    from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from dapo.sampler import PromptSampler
+    ex = _pool(8)
+    s = PromptSampler(ex, 2, seed=5, drop_solved=True)
+    for k in range(6):                                         # epoch 0 (4 batches) and 2 batches of epoch 1
+        batch = s.next_batch()
+        if k in (0, 4):
+            s.mark_solved(batch[0])                            # one solved in epoch 0, one in epoch 1
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    save_checkpoint(tmp_path, 6, model=model, optimizer=opt, scheduler=None, state={"sampler": s.state_dict()})
+    state = load_checkpoint(latest_checkpoint(tmp_path), model=model, optimizer=opt)
+    resumed = PromptSampler(ex, 2, seed=5, drop_solved=True)
+    resumed.load_state_dict(state["sampler"])
+    assert (resumed.epoch, resumed.cursor, resumed.pool_size) == (1, 4, 7)
+    assert _draw(resumed, 8) == _draw(s, 8)                    # the rest of epoch 1, then epochs of 6
+    assert resumed.pool_size == s.pool_size == 6
+
+
+def test_drop_solved_refuses_a_pool_smaller_than_a_batch():
+    from dapo.sampler import PromptSampler
+    ex = _pool(4)
+    s = PromptSampler(ex, 2, seed=0, drop_solved=True)
+    drawn = [i for b in _draw(s, 2) for i in b]
+    for i in drawn[:3]:
+        s.mark_solved(ex[i])
+    with pytest.raises(ValueError, match="data.drop_solved: 3 of 4 training prompts are solved, leaving 1"):
+        s.next_batch()
+
+
+def test_collect_rollouts_marks_all_correct_prompts_solved():
+    from dapo.rollout import collect_rollouts
+    from dapo.sampler import PromptSampler
+    from tests.test_train import ScriptedEngine, _cfg
+    ex = _pool(4)
+    tokens = {(e.source, e.index): [e.index] for e in ex}
+    cfg = _cfg(**{"train.batch_prompts": 2, "algo.dynamic_sampling.mode": "mask", "data.drop_solved": "true"})
+    sampler = PromptSampler(ex, cfg.gen_batch_prompts, seed=0, drop_solved=True)
+    for r in (1, 2):                                            # epoch 0: all four prompts, two per step
+        batch = collect_rollouts(ScriptedEngine(SCRIPT), sampler, tokens, cfg, r)
+    assert sampler.state_dict()["solved"] == [0]                # prompt 0: all four correct
+    assert batch.stats["sampling/solved_prompts"] == 1.0 and batch.stats["sampling/pool_prompts"] == 4.0
+    drawn = []
+    for r in (3, 4, 5):                                         # epochs 1, 2, 3 (one batch of 2 each): no prompt 0
+        batch = collect_rollouts(ScriptedEngine(SCRIPT), sampler, tokens, cfg, r)
+        drawn += [p[0] for p in batch.prompt_ids]
+        assert batch.stats["sampling/pool_prompts"] == 3.0
+    assert sampler.epoch == 3 and 0 not in drawn and set(drawn) <= {1, 2, 3}
+
+
+# ----------------------------------------------------------------------------------------
+# The analysis names each successor: sweeps/successors-mini.yaml's arms, from its expansion
+# ----------------------------------------------------------------------------------------
+
+# arm → the one toggle it switches on against naive GRPO (dapo: DAPO's four techniques of the mini regime)
+SUCCESSOR_ARMS = {
+    "clip_higher": "clip_higher", "dr_grpo": "dr_grpo", "rloo": "rloo", "batch_std": "batch_std", "gspo": "gspo",
+    "cispo": "cispo", "clip_cov": "clip_cov", "kl_cov": "kl_cov", "top_entropy": "top_entropy",
+    "group_token_mean": "group_token_mean", "ds_filter": "ds_filter", "ds_mask": "ds_mask",
+}
+
+
+@pytest.fixture(scope="module")
+def successors_sweep(tmp_path_factory):
+    """(tidy with one point per job, resolved configs by run, SweepInfo) of the successors sweep's expansion."""
+    import pandas as pd
+
+    from analysis.runs import SweepInfo, normalize_tidy
+    from dapo.sweep_spec import expand, sweep_info
+    path = REPO / "sweeps" / "successors-mini.yaml"
+    jobs = expand(path, tmp_path_factory.mktemp("successors"))
+    rows = [dict(run=j.run_id, run_id=j.run_id, sweep="successors-mini", arm=j.arm, seed=j.seed, rollout_step=0,
+                 grad_step=0, time=0.0, metric="train/entropy", value=1.0) for j in jobs]
+    return (normalize_tidy(pd.DataFrame(rows)), {j.run_id: to_dict(j.config) for j in jobs},
+            SweepInfo.from_dict(sweep_info(path)))
+
+
+def test_every_successor_arm_is_named_by_its_toggle(successors_sweep):
+    from analysis.arms import DAPO_TOGGLES, TOGGLES, baseline_arm, dapo_arm, exact_pairs, find_pair, flat_arm_configs
+    from analysis.tables import _isolates, primary_pairs
+    tidy, configs, sweep = successors_sweep
+    acfg = flat_arm_configs(tidy, sweep, configs)
+    assert set(SUCCESSOR_ARMS) | {"grpo", "dapo"} == {a.name for a in sweep.arms}
+    assert baseline_arm(tidy, sweep, configs).name == "grpo" and dapo_arm(tidy, sweep, configs).name == "dapo"
+    grpo = sweep.arm("grpo")
+    for arm, toggle in SUCCESSOR_ARMS.items():
+        assert _isolates(grpo, sweep.arm(arm), acfg) == toggle, arm
+        p = find_pair(toggle, tidy, sweep, configs)
+        assert (p.off.name, p.on.name) == ("grpo", arm) and p.exact, (arm, p.describe())
+        assert TOGGLES[toggle].title in p.describe()
+    # exactly one exact pair per successor arm, all against naive GRPO; GRPO → DAPO in the primary family too
+    assert sorted((p.off.name, p.on.name, p.toggle) for p in exact_pairs(tidy, sweep, configs)) == \
+        sorted(("grpo", a, t) for a, t in SUCCESSOR_ARMS.items())
+    assert ("grpo", "dapo") in [(a.name, b.name) for a, b in primary_pairs(tidy, sweep, configs)]
+    dapo_on = {t for t in TOGGLES if TOGGLES[t].state(acfg["dapo"])}
+    assert dapo_on == set(DAPO_TOGGLES) - {"overlong_filter"}   # the mini regime's DAPO: no overlong filter
+
+
+def test_toggles_of_older_runs_and_the_paper_steps():
+    """A config from before the successors' keys has them off (not unknown), so Table 1's pairs and
+    the paper's Δ are as before; a successor has no paper step (NaN), unless both arms carry paper values."""
+    from analysis.arms import PAPER_STEP, paper_delta, toggle_states
+    from analysis.runs import ArmInfo
+    old = {"algo.clip.eps_high": 0.2, "algo.clip.eps_low": 0.2, "algo.loss_agg": "seq_mean_token_mean",
+           "algo.overlong.filter": False, "algo.overlong.soft_punish": False, "algo.dynamic_sampling.enabled": False}
+    dapo = {**old, "algo.clip.eps_high": 0.28, "algo.loss_agg": "token_mean", "algo.overlong.filter": True,
+            "algo.overlong.soft_punish": True, "algo.dynamic_sampling.enabled": True}
+    states = toggle_states(old, dapo)
+    assert {t for t, (a, b) in states.items() if a != b} == set(PAPER_STEP)
+    assert all(a is False and b is False for t, (a, b) in states.items() if t not in PAPER_STEP)
+    a, b = ArmInfo("grpo"), ArmInfo("gspo")
+    flat = {"grpo": old, "gspo": {**old, "algo.policy_loss": "gspo"},
+            "clip": {**old, "algo.clip.eps_high": 0.28}, "dapo": dapo}
+    assert math.isnan(paper_delta(a, b, flat))
+    assert paper_delta(ArmInfo("grpo", paper=30), ArmInfo("gspo", paper=31), flat) == 1.0
+    assert paper_delta(a, ArmInfo("clip"), flat) == PAPER_STEP["clip_higher"]
+    assert paper_delta(a, ArmInfo("dapo"), flat) == sum(PAPER_STEP.values())
+
+
+@pytest.mark.slow
+def test_runs_with_filter_and_mask_and_drop_solved(tmp_path):
+    """tiny-random-smoke on the transformers engine (a random model: every group all wrong), two steps
+    each: filter keeps nothing in one round and skips the update; mask trains on every group with all
+    of them masked; drop_solved logs its pool and checkpoints the sampler's solved set."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+    tiny = ["rollout.engine=hf", "rollout.n=2", "rollout.max_new_tokens=4", "train.batch_prompts=2",
+            "train.mini_batch_prompts=1", "train.micro_batch_seqs=2", "train.threads=1", "eval.every=0",
+            "eval.at_start=false", "data.train_limit=16", "logging.progress=false", "train.rollout_steps=2",
+            "checkpoint.every=1", "algo.dynamic_sampling.enabled=true", "data.drop_solved=true"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    for mode in ("filter", "mask"):
+        out = tmp_path / mode
+        p = subprocess.run([sys.executable, "-m", "dapo.cli", "train", "experiments/tiny-random-smoke.yaml", *tiny,
+                            f"algo.dynamic_sampling.mode={mode}", f"output_dir={out}",
+                            f"logging.tracking_uri=sqlite:///{out / 'mlruns.db'}", "--run-dir", str(out / "run")],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+        summary = json.loads((out / "run" / "summary.json").read_text())
+        client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlruns.db'}")
+        hist = {k: [m.value for m in client.get_metric_history(summary["mlflow_run_id"], k)]
+                for k in ("sampling/gen_rounds", "sampling/kept_groups", "sampling/discarded_groups",
+                          "sampling/masked_groups", "sampling/skipped_update", "sampling/pool_prompts",
+                          "sampling/solved_prompts")}
+        assert hist["sampling/gen_rounds"] == [1.0, 1.0] and hist["sampling/pool_prompts"] == [16.0, 16.0]
+        if mode == "filter":      # nothing in the band: no group kept, no update, no masked_groups
+            assert hist["sampling/kept_groups"] == [0.0, 0.0] and hist["sampling/discarded_groups"] == [2.0, 2.0]
+            assert hist["sampling/skipped_update"] == [1.0, 1.0] and hist["sampling/masked_groups"] == []
+            assert summary["grad_steps"] == 0
+        else:                     # every group in the batch, every one masked, the optimizer steps still taken
+            assert hist["sampling/kept_groups"] == [2.0, 2.0] and hist["sampling/masked_groups"] == [2.0, 2.0]
+            assert summary["grad_steps"] == 2 * 2
+        state = json.loads((out / "run" / "checkpoints" / "step_000002" / "state.json").read_text())
+        assert state["sampler"]["solved"] == [] and state["sampler"]["left_out"] == []
