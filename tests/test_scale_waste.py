@@ -1,0 +1,127 @@
+"""Waste at scale (issue 25, items 7-9, 12, 16, 17): what a CPU can show of each fix.
+
+Two gloo processes shard tiny models: the untied embedding and lm_head are FSDP units of their own
+(item 12), and the weight stream casts each shard before gathering it: the same tensors, bit for
+bit, with half the gathered bytes in bf16 (item 9).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+PG_TIMEOUT_S = 60
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(nproc: int, argv: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
+           "127.0.0.1", "--master_port", str(_free_port()), *argv]
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise AssertionError(f"exit {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    return p
+
+
+# =========================================================================== the 2-rank worker
+def _fsdp_units(model: torch.nn.Module) -> list[str]:
+    from torch.distributed.fsdp import FSDPModule
+    return [name or "<root>" for name, m in model.named_modules() if isinstance(m, FSDPModule)]
+
+
+def _gathered_bytes(stream_fn) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """Run ``stream_fn()`` (-> name, tensor pairs) counting the bytes of every tensor ``full_tensor`` gathers."""
+    import dapo.weight_sync as ws
+    real, sizes = ws.full_tensor, []
+
+    def counting(t):
+        out = real(t)
+        sizes.append(out.numel() * out.element_size())
+        return out
+    ws.full_tensor = counting
+    try:
+        return {k: v.clone() for k, v in stream_fn()}, sizes
+    finally:
+        ws.full_tensor = real
+
+
+def _worker(out: Path) -> None:
+    from dapo.distributed import destroy_distributed, full_tensor, init_distributed, load_sharded_causal_lm
+    from dapo.models import build_tiny_qwen2, load_model
+    import dapo.weight_sync as ws
+    from dapo.weight_sync import weight_stream
+
+    d = init_distributed(PG_TIMEOUT_S)
+    torch.set_num_threads(1)
+    kw = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, seed=0)
+    if d.is_main:
+        build_tiny_qwen2(out.parent / "untied", tie_word_embeddings=False, **kw)
+        build_tiny_qwen2(out.parent / "tied", **kw)
+    torch.distributed.barrier()
+    res: dict = {}
+    for name in ("untied", "tied"):
+        model = load_sharded_causal_lm(out.parent / name, dtype="float32", dist_info=d, bf16=False)
+        res[f"units_{name}"] = _fsdp_units(model)
+        ids = torch.randint(3, 90, (2, 10), generator=torch.Generator().manual_seed(1))
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()                                # gradients through the separate units
+        res[f"loss_{name}"] = float(loss)
+        res[f"ref_loss_{name}"] = float(load_model(out.parent / name)(input_ids=ids, labels=ids).loss)
+        res[f"grads_{name}"] = all(p.grad is not None for p in model.parameters())
+        # item 9: the stream (cast, then gather) against the old order (gather the fp32 master, then cast)
+        new, new_sizes = _gathered_bytes(lambda: weight_stream(model, "bfloat16"))
+        old, old_sizes = _gathered_bytes(lambda: ((k, ws.full_tensor(v.detach()).to(torch.bfloat16))
+                                                  for k, v in model.state_dict().items()))
+        res[f"bitwise_{name}"] = (new.keys() == old.keys() and
+                                  all(new[k].dtype == torch.bfloat16 and torch.equal(new[k], old[k]) for k in new))
+        res[f"bytes_{name}"] = (max(new_sizes), max(old_sizes), sum(new_sizes), sum(old_sizes))
+        fp32, _ = _gathered_bytes(lambda: weight_stream(model, "float32"))
+        res[f"fp32_exact_{name}"] = all(torch.equal(fp32[k], full_tensor(v)) for k, v in model.state_dict().items())
+    torch.save(res, out.parent / f"{out.name}.rank{d.rank}")
+    destroy_distributed(d.world)
+
+
+# =========================================================================== tests
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shard") / "res"
+    _torchrun(2, ["-m", "tests.test_scale_waste", "worker", str(out)])
+    return [torch.load(f"{out}.rank{r}", weights_only=False) for r in (0, 1)]
+
+
+def test_untied_embedding_and_lm_head_are_fsdp_units_of_their_own(two_ranks):
+    r0, r1 = two_ranks
+    layers = ["model.layers.0", "model.layers.1"]
+    assert r0["units_untied"] == r1["units_untied"] == ["<root>", "model.embed_tokens", *layers, "lm_head"]
+    assert r0["units_tied"] == ["<root>", *layers]           # a shared Parameter stays in the root
+    for name in ("untied", "tied"):                            # the sharded model computes what the full one does
+        assert r0[f"loss_{name}"] == pytest.approx(r0[f"ref_loss_{name}"], abs=1e-5)
+        assert r0[f"grads_{name}"] and r1[f"grads_{name}"]
+
+
+def test_weight_stream_casts_before_gathering_bit_for_bit_at_half_the_bytes(two_ranks):
+    for r in two_ranks:
+        for name in ("untied", "tied"):
+            assert r[f"bitwise_{name}"] and r[f"fp32_exact_{name}"]
+            new_peak, old_peak, new_total, old_total = r[f"bytes_{name}"]
+            assert new_peak * 2 == old_peak and new_total * 2 == old_total, r[f"bytes_{name}"]
+    # the largest gathered tensor is the [V, h] matrix: 259 x 64 in bf16 (the tiny tokenizer's vocabulary, h = 64)
+    assert two_ranks[0]["bytes_untied"][0] == 259 * 64 * 2
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[2]))
