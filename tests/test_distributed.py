@@ -180,7 +180,7 @@ TRAIN = ["experiments/tiny-dapo.yaml", "train.rollout_steps=2", "train.batch_pro
          "train.micro_batch_seqs=4", "train.max_tokens_per_micro_batch=70", "model.gradient_checkpointing=true",
          "algo.kl.coef=0.01", "rollout.n=4", "eval.at_start=false", "eval.every=0",
          "eval.datasets=[{name: arith-eval, limit: 4}]", "eval.k=2", "checkpoint.every=1",
-         "checkpoint.save_final_model=true", "logging.progress=false", f"launch.pg_timeout_s={PG_TIMEOUT_S}",
+         "checkpoint.save_final_model=true", "checkpoint.final_model_dtype=train_dtype", "logging.progress=false", f"launch.pg_timeout_s={PG_TIMEOUT_S}",
          "model.autocast_bf16=false", "train.threads=1"]
 
 

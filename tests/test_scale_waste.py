@@ -8,7 +8,9 @@ bit, with half the gathered bytes in bf16 (item 9).
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -174,6 +176,82 @@ def test_weight_stream_casts_before_gathering_bit_for_bit_at_half_the_bytes(two_
             assert new_peak * 2 == old_peak and new_total * 2 == old_total, r[f"bytes_{name}"]
     # the largest gathered tensor is the [V, h] matrix: 259 x 64 in bf16 (the tiny tokenizer's vocabulary, h = 64)
     assert two_ranks[0]["bytes_untied"][0] == 259 * 64 * 2
+
+
+# =========================================================================== item 16: checkpoints
+def test_final_model_in_bf16_by_default_loads_as_bf16_at_half_the_size(tmp_path):
+    from safetensors import safe_open
+    from dapo.checkpoint import save_final_model
+    from dapo.config import CheckpointConfig
+    from dapo.models import build_tiny_qwen2, load_model
+    path = build_tiny_qwen2(tmp_path / "m", hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, seed=0)
+    model = load_model(path)
+    sd = model.state_dict()
+    assert CheckpointConfig().final_model_dtype == "bfloat16"
+    sizes = {}
+    for dtype in ("bfloat16", "train_dtype"):
+        out = save_final_model(model, sd, tmp_path / dtype, dtype)
+        with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+            saved = {k: f.get_tensor(k) for k in f.keys()}
+        sizes[dtype] = (out / "model.safetensors").stat().st_size
+        want = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        assert all(v.dtype == want and torch.equal(v, sd[k].to(want)) for k, v in saved.items())
+        loaded = load_model(out, dtype="bfloat16" if dtype == "bfloat16" else "float32")
+        assert json.loads((out / "config.json").read_text())["dtype"] == ("bfloat16" if dtype == "bfloat16" else "float32")
+        assert all(torch.equal(v, sd[k].to(want)) for k, v in loaded.state_dict().items() if k in sd)
+    assert sizes["bfloat16"] < 0.52 * sizes["train_dtype"]
+
+
+# =========================================================================== item 16: preemption
+FAST = {"rollout.engine": "hf", "rollout.n": 2, "rollout.max_new_tokens": 4, "train.batch_prompts": 2,
+        "train.mini_batch_prompts": 1, "train.micro_batch_seqs": 2, "train.threads": 1, "eval.at_start": "false",
+        "eval.every": 0, "eval.k": 1, "eval.datasets": "[{name: arith-eval, limit: 2}]", "data.train_limit": 16,
+        "logging.progress": "false", "train.rollout_steps": 4, "checkpoint.every": 0, "checkpoint.keep_last": 3}
+
+
+def test_usr2_mid_step_checkpoints_at_the_step_boundary_then_hands_the_signal_on(tmp_path, monkeypatch):
+    """USR2 during step 2's update: the loop finishes step 2, checkpoints it (checkpoint.every = 0 would
+    checkpoint only at the end) and only then runs the signal's previous handler (submitit's requeue);
+    with no Python handler before (plain SIG_DFL), it exits with PREEMPTED_EXIT after the checkpoint."""
+    import dapo.train as train_mod
+    from dapo.config import load_config
+    from dapo.preemption import PREEMPTED_EXIT
+    from dapo.tracking import Tracker
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    Tracker(uri, "dapo-lab", "warm-up")
+    cfg = load_config(REPO / "experiments" / "tiny-random-smoke.yaml",
+                      [f"{k}={v}" for k, v in {**FAST, "output_dir": tmp_path, "logging.tracking_uri": uri}.items()])
+    run_dir, at = tmp_path / "run", {"step": 2}
+    real_update = train_mod._update
+
+    def update(run, batch, *args):
+        if args[-1] == at["step"]:                          # r: the rollout step
+            os.kill(os.getpid(), signal.SIGUSR2)
+        return real_update(run, batch, *args)
+    monkeypatch.setattr(train_mod, "_update", update)
+
+    class Requeued(Exception):
+        pass
+    seen = []
+
+    def submitit_like(signum, frame):
+        seen.append((signum, sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")),
+                     signal.getsignal(signal.SIGUSR2) is submitit_like))
+        raise Requeued
+    previous = signal.signal(signal.SIGUSR2, submitit_like)
+    try:
+        with pytest.raises(Requeued):
+            train_mod.train(cfg, run_dir)
+        assert seen == [(signal.SIGUSR2, ["step_000002"], True)]    # step 2 saved, no step 3 started
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+        at["step"] = 3                                              # the resumed run, preempted again
+        with pytest.raises(SystemExit) as exit_:
+            train_mod.train(cfg, run_dir)
+        assert exit_.value.code == PREEMPTED_EXIT
+        assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000002", "step_000003"]
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL   # the loop's handler is gone again
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
 
 
 if __name__ == "__main__":
