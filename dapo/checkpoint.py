@@ -209,8 +209,13 @@ def save_final_model(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
     ("bfloat16", or "train_dtype": as stored); ``config.json``'s ``dtype`` names the stored one, so vLLM
     and ``from_pretrained`` load it as saved. Rank 0 only (the state dict is already gathered)."""
     out = Path(out)
-    if dtype == "bfloat16":
-        state_dict = {k: v.to(torch.bfloat16) if torch.is_floating_point(v) else v for k, v in state_dict.items()}
+    if dtype == "bfloat16":   # one cast per storage: tied weights stay one tensor (saved once)
+        cast: dict[tuple, torch.Tensor] = {}
+        for k, v in list(state_dict.items()):
+            if torch.is_floating_point(v):
+                key = (v.data_ptr(), tuple(v.shape))
+                cast[key] = cast[key] if key in cast else v.to(torch.bfloat16)
+                state_dict = {**state_dict, k: cast[key]}
     model.save_pretrained(out, state_dict=state_dict)
     if dtype == "bfloat16":
         cfg_file = out / "config.json"
