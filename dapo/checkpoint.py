@@ -211,11 +211,13 @@ def save_final_model(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
     out = Path(out)
     if dtype == "bfloat16":   # one cast per storage: tied weights stay one tensor (saved once)
         cast: dict[tuple, torch.Tensor] = {}
-        for k, v in list(state_dict.items()):
-            if torch.is_floating_point(v):
-                key = (v.data_ptr(), tuple(v.shape))
-                cast[key] = cast[key] if key in cast else v.to(torch.bfloat16)
-                state_dict = {**state_dict, k: cast[key]}
+        out_sd: dict[str, torch.Tensor] = {}
+        for k, v in state_dict.items():
+            key = (v.data_ptr(), tuple(v.shape))
+            if torch.is_floating_point(v) and key not in cast:
+                cast[key] = v.to(torch.bfloat16)
+            out_sd[k] = cast.get(key, v) if torch.is_floating_point(v) else v
+        state_dict = out_sd
     model.save_pretrained(out, state_dict=state_dict)
     if dtype == "bfloat16":
         cfg_file = out / "config.json"
