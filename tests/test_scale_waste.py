@@ -178,6 +178,26 @@ def test_weight_stream_casts_before_gathering_bit_for_bit_at_half_the_bytes(two_
     assert two_ranks[0]["bytes_untied"][0] == 259 * 64 * 2
 
 
+# =========================================================================== item 17: one engine log per rank
+def test_each_rank_writes_its_own_engine_log(tmp_path, monkeypatch):
+    from dapo.logs import route_engine_logs
+    import dapo.run_dir as rd
+    configs = {}
+    for rank in ("0", "1", "7"):
+        monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
+        monkeypatch.delenv("VLLM_CONFIGURE_LOGGING", raising=False)
+        monkeypatch.setenv("RANK", rank)
+        log = route_engine_logs(tmp_path / "run")
+        configs[rank] = (log.name, Path(os.environ["VLLM_LOGGING_CONFIG_PATH"]).name,
+                         json.loads(Path(os.environ["VLLM_LOGGING_CONFIG_PATH"]).read_text())
+                         ["handlers"]["engine_file"]["filename"])
+    assert configs["0"][:2] == ("engine.log", ".engine-logging.json")
+    assert configs["1"][:2] == ("engine.rank1.log", ".engine-logging.rank1.json")
+    assert len({c[2] for c in configs.values()}) == 3                     # three files, not one appended to
+    names = [p.name for p in (tmp_path / "run").iterdir()]
+    assert all(n in rd.RUN_ENTRIES or rd._RUN_ENTRY_RE.fullmatch(n) for n in names), names
+
+
 # =========================================================================== item 16: checkpoints
 def test_final_model_in_bf16_by_default_loads_as_bf16_at_half_the_size(tmp_path):
     from safetensors import safe_open
