@@ -274,5 +274,25 @@ def test_usr2_mid_step_checkpoints_at_the_step_boundary_then_hands_the_signal_on
         signal.signal(signal.SIGUSR2, previous)
 
 
+# =========================================================================== the one-GPU check script
+def test_device_check_script_runs_its_phases_on_cpu_without_vllm_or_mlflow(tmp_path):
+    """scripts/device-check.sh --cpu: the same phases as on a GPU (1-rank FSDP2 update on two shapes with
+    the plan's prediction, DCP save and resume, 2 transformers-engine rollout steps), gloo, small shapes;
+    the driver makes vllm/mlflow/submitit unimportable, so any import of them fails the run."""
+    p = subprocess.run(["bash", "scripts/device-check.sh", "--cpu", "--tokens", "64", "--chunk", "16",
+                        "--workdir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"})
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    lines = [l for l in out.splitlines() if l.startswith("[device-check]")]
+    assert any("process group: world 1, backend gloo" in l for l in lines)
+    for shape in ("tiny-3m", "qwen2.5-0.5b-shape"):
+        assert any(l.startswith(f"[device-check] {shape}: ") and "MFU" in l for l in lines), shape
+        assert any(f"{shape}: dapo plan's update phase" in l for l in lines), shape
+    assert any("weights equal: True, AdamW moments equal: True" in l for l in lines)
+    assert sum("rollout step" in l and "transformers engine" in l for l in lines) == 2
+    assert lines[-1].startswith("[device-check] device-check: OK")
+
+
 if __name__ == "__main__":
     _worker(Path(sys.argv[2]))
