@@ -391,8 +391,7 @@ def _launch_a_gpu_job_and_train_without_cuda(tmp_path, monkeypatch, capsys):
                  "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}.items():
         monkeypatch.setenv(k, v)
     seen = []
-    monkeypatch.setattr(launcher.subprocess, "run", lambda cmd: seen.append(os.environ.get("DAPO_EXPECT_CUDA"))
-                        or subprocess.CompletedProcess(cmd, 0))
+    monkeypatch.setattr(launcher, "run_launcher", lambda cmd, job: seen.append(os.environ.get("DAPO_EXPECT_CUDA")) or 0)
     spec = load_spec(REPO / "sweeps" / "table1.yaml")          # 16 nodes x 8 GPUs
     launcher._make_job(spec, expand(spec, tmp_path)[0], load_profile("example-gpu-cluster"))()
     assert seen == ["1"]

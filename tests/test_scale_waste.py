@@ -274,6 +274,44 @@ def test_usr2_mid_step_checkpoints_at_the_step_boundary_then_hands_the_signal_on
         signal.signal(signal.SIGUSR2, previous)
 
 
+_RANK = """
+import pathlib, sys, time
+from dapo.preemption import StepBoundarySignal
+out, sig = pathlib.Path(sys.argv[1]), StepBoundarySignal().install()
+try:
+    for r in range(1, 400):
+        (out / "step").write_text(str(r))
+        time.sleep(0.3)                                  # a rollout step
+        if sig.pending():
+            (out / "checkpoint").write_text(str(r))
+            sig.hand_over()
+except SystemExit as e:
+    (out / "exit").write_text(str(e.code))
+    raise
+"""
+
+
+def test_a_multi_process_job_passes_usr2_to_its_ranks_and_waits_for_their_checkpoint(tmp_path):
+    """RunJob.checkpoint (submitit's USR2 handler) in a job that started `accelerate launch`: the launcher's
+    process group gets USR2 (accelerate itself ignores it), the rank finishes its step, checkpoints, exits 75,
+    and only then does the requeue go ahead (here: well before the 90 s the profile's delay would allow)."""
+    import time
+    from dapo import launcher
+    from dapo.preemption import PREEMPTED_EXIT
+    job = launcher.RunJob({"name": "x"}, str(tmp_path), max_requeues=1, signal_delay_s=120)
+    job._proc = subprocess.Popen([sys.executable, "-c", _RANK, str(tmp_path)], start_new_session=True,
+                                 preexec_fn=launcher._ignore_usr2, env={**os.environ, "PYTHONPATH": str(REPO)})
+    end = time.monotonic() + 60
+    while not (tmp_path / "step").exists() and time.monotonic() < end:
+        time.sleep(0.1)
+    t = time.monotonic()
+    job._let_the_ranks_checkpoint()
+    waited = time.monotonic() - t
+    assert (tmp_path / "exit").read_text() == str(PREEMPTED_EXIT)
+    assert (tmp_path / "checkpoint").read_text() == (tmp_path / "step").read_text()   # the step it was in
+    assert waited < 60 and job._proc is None                 # back before the deadline; nothing unpicklable left
+
+
 # =========================================================================== the one-GPU check script
 def test_device_check_script_runs_its_phases_on_cpu_without_vllm_or_mlflow(tmp_path):
     """scripts/device-check.sh --cpu: the same phases as on a GPU (1-rank FSDP2 update on two shapes with
