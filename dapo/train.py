@@ -39,9 +39,9 @@ from dapo.config import Config, config_hash, flatten, to_dict
 from dapo.distributed import barrier, broadcast_object, destroy_distributed, final_state_dict, init_distributed
 from dapo.evaluate import eval_seed, evaluate
 from dapo.logprobs import old_logprobs, response_loss_mask, response_mask, rollout_logprobs, single_step_on_policy
+from dapo.preemption import StepBoundarySignal
 from dapo.rollout import make_rollout_engine, rollout_with_retry, round_seed
 from dapo.run_data import load_run_data
-from dapo.preemption import StepBoundarySignal
 from dapo.run_dir import hold_run_dir
 from dapo.tracking import mark_run_ended
 from dapo.update import (NonFiniteError, Policy, StepStats, build_policy, mean_metrics, old_policy_metrics,

@@ -26,7 +26,6 @@ Prints one line per result and ``device-check: OK`` at the end (exit 0), or the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
