@@ -12,7 +12,7 @@ Phases, each driven directly (``dapo train`` needs MLflow; vLLM is not imported:
    gloo), the model loaded FSDP2-sharded (``dapo.distributed.load_sharded_causal_lm``: bf16
    compute, fp32 master and reduce), gradient checkpointing, chunked log-probs, one optimizer
    step of ``dapo.update.update_policy`` at the config's token budget, timed after a warm-up:
-   MFU = 8·P·tokens / time / measured matmul rate (6·P plus the recomputed forward); peak memory
+   MFU = 6·P·tokens / time / measured matmul rate (and 8·P: with the recomputed forward); peak memory
    (``torch.cuda.max_memory_allocated``) against ``dapo plan``'s update phase for the same shape
    and budget (less vLLM and the runtime overhead, which this check does not have);
 3. a DCP checkpoint of the sharded model and optimizer (``dapo.checkpoint.save_checkpoint``), loaded
@@ -175,13 +175,15 @@ def update_phase(name: str, path: Path, d, cpu: bool, tflops: float, tokens: int
     _sync(d.device)
     dt = time.perf_counter() - t
     trained = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
-    mfu = 8 * P * trained / dt / (tflops * 1e12)
+    mfu = 6 * P * trained / dt / (tflops * 1e12)          # model FLOPs (6·P per token)
+    hfu = 8 * P * trained / dt / (tflops * 1e12)          # + the recomputed forward of checkpointing
     pl = plan.memory_plan(cfg, plan.model_shape(str(path)), gpu_gib=80.0)
     upd = next(ph for ph in pl.phases if ph.name == "update")
     planned = sum(t.bytes for t in upd.terms if not t.name.startswith(("vLLM", "runtime overhead")))
     say(f"{name}: {P / 1e6:.1f}M parameters, {trained} tokens in {len(steps)} optimizer step(s) of "
-        f"{pl.tokens_per_micro_batch}-token micro-batches: {dt:.3f} s, {8 * P * trained / dt / 1e12:.2f} TFLOP/s "
-        f"= MFU {100 * mfu:.1f}% of the measured matmul rate ({tflops:.1f} TFLOP/s)")
+        f"{pl.tokens_per_micro_batch}-token micro-batches: {dt:.3f} s; MFU {100 * mfu:.1f}% "
+        f"(6·P per token; with the recomputed forward {100 * hfu:.1f}%) of the measured matmul rate "
+        f"({tflops:.1f} TFLOP/s)")
     if cuda:
         peak = torch.cuda.max_memory_allocated()
         say(f"{name}: peak allocated {peak / 2**30:.2f} GiB (reserved {torch.cuda.max_memory_reserved() / 2**30:.2f}); "
