@@ -17,8 +17,8 @@ Memory per GPU, in three phases of a rollout step (the peak is the largest):
   fp32 copy for the reduce-scatter (``reduce_dtype`` fp32) + activations at the token budget
   (with gradient checkpointing: each layer's bf16 input, plus one layer recomputed) + logits of
   the response positions only (``logits_to_keep``; bf16 under autocast, else fp32) kept for
-  backward, their gradient (same size), and the fp32 log-softmax of one ``logits_chunk_tokens``
-  chunk and its gradient + without FSDP under autocast, autocast's bf16 copy of every weight +
+  backward, their gradient (same size), and in one ``logits_chunk_tokens`` chunk's backward its
+  fp32 log-softmax and the gradients into and out of it + without FSDP under autocast, autocast's bf16 copy of every weight +
   what vLLM keeps while it sleeps (everything, without sleep mode).
 - **weight sync**: resident shards + vLLM's weights (awake) + one parameter gathered in the
   rollout dtype (each shard is cast before the gather, ``dapo.weight_sync``).
@@ -308,7 +308,8 @@ def memory_plan(cfg: Config, shape: ModelShape, gpu_gib: float, a: Assumptions =
                        "train.max_tokens_per_micro_batch"))
     update.append(Term(f"logits gradient ({lname}, {T_resp} response tokens)", T_resp * shape.vocab * lb,
                        "train.max_tokens_per_micro_batch"))
-    update.append(Term(f"logits chunk: fp32 log-softmax + gradient ({chunk} tokens)", chunk * shape.vocab * 4 * 2,
+    # a chunk's backward: its fp32 log-softmax (saved), the gradient arriving at it and the one leaving it
+    update.append(Term(f"logits chunk: fp32 log-softmax + 2 gradients ({chunk} tokens)", chunk * shape.vocab * 4 * 3,
                        "train.logits_chunk_tokens"))
     reservation = r.gpu_memory_utilization * total
     update.append(Term("vLLM asleep" if r.sleep_mode else "vLLM reservation held (no sleep mode)",

@@ -81,7 +81,7 @@ def test_memory_terms_of_the_32b_recipe_by_hand():
     # logits only at the 20480 response positions of a full-length sequence (logits_to_keep), and their gradient
     assert terms["logits kept for backward (bf16, 20480 response tokens)"] == 20480 * 152064 * 2    # 6.23 GB
     assert terms["logits gradient (bf16, 20480 response tokens)"] == 20480 * 152064 * 2
-    assert terms["logits chunk: fp32 log-softmax + gradient (2048 tokens)"] == 2048 * 152064 * 8
+    assert terms["logits chunk: fp32 log-softmax + 2 gradients (2048 tokens)"] == 2048 * 152064 * 12
     # FSDP units: lm_head (152064 × 5120 = 778.6M) is the largest unit, larger than a layer (487.6M)
     assert terms["gathered bf16 parameters ([V, h] unit + 2 layers)"] == 2 * (152064 * 5120 + 5120 + 2 * LAYER_32B)
     assert terms["unsharded gradient of the largest unit (bf16)"] == 2 * 152064 * 5120
