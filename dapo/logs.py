@@ -1,5 +1,10 @@
 """Where the rollout engine's log goes: ``<run dir>/engine.log``, and the terminal only with ``--verbose``.
 
+With several processes each rank writes its own file (rank 0 ``engine.log``, rank r
+``engine.rank<r>.log``, the rank from ``RANK``): one file appended to by every rank of a job on a
+shared file system interleaves their lines, and on NFS appends from several nodes can overwrite
+each other.
+
 vLLM prints ~45 INFO/WARNING lines each time an engine starts (configuration, memory, compile,
 KV cache) and one warning per weight sync::
 
@@ -34,7 +39,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["route_engine_logs", "ENGINE_LOG", "engine_stderr"]
+__all__ = ["route_engine_logs", "engine_log_name", "ENGINE_LOG", "engine_stderr"]
 
 ENGINE_LOG = "engine.log"
 _FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
@@ -53,9 +58,18 @@ def logging_config(log_file: Path, verbose: bool) -> dict:
             "loggers": {"vllm": {"handlers": sorted(handlers), "level": "INFO", "propagate": False}}}
 
 
+def engine_log_name(rank: int | None = None) -> tuple[str, str]:
+    """(log file, logging-config file) names of ``rank`` (default: ``RANK`` from the environment, else 0)."""
+    if rank is None:
+        rank = int(os.environ.get("RANK", "0") or 0)
+    return (ENGINE_LOG, ".engine-logging.json") if rank == 0 else \
+        (f"engine.rank{rank}.log", f".engine-logging.rank{rank}.json")
+
+
 def route_engine_logs(run_dir: str | os.PathLike, verbose: bool = False) -> Path | None:
-    """Send vLLM's log to ``<run_dir>/engine.log`` (and the terminal when ``verbose``); the log path,
-    or None when the user configured vLLM's logging already. Call before vLLM is imported."""
+    """Send vLLM's log to ``<run_dir>/engine.log`` (rank r > 0: ``engine.rank<r>.log``; and the terminal
+    when ``verbose``); the log path, or None when the user configured vLLM's logging already. Call before
+    vLLM is imported."""
     if not verbose:   # vLLM's own deprecation notices about torch (two per start), not about this code
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -63,10 +77,11 @@ def route_engine_logs(run_dir: str | os.PathLike, verbose: bool = False) -> Path
         return None
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = run_dir / ".engine-logging.json"
-    cfg_path.write_text(json.dumps(logging_config((run_dir / ENGINE_LOG).resolve(), verbose), indent=1))
+    log_name, cfg_name = engine_log_name()
+    cfg_path = run_dir / cfg_name
+    cfg_path.write_text(json.dumps(logging_config((run_dir / log_name).resolve(), verbose), indent=1))
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(cfg_path.resolve())
-    return run_dir / ENGINE_LOG
+    return run_dir / log_name
 
 
 def _quiet_engine_log() -> str | None:

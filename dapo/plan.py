@@ -11,19 +11,23 @@ Memory per GPU, in three phases of a rollout step (the peak is the largest):
   inside that reservation: weights ``2·P / TP`` + activations + KV cache, which must hold at
   least one full-length sequence.
 - **update**: parameter, gradient and AdamW shards under FSDP FULL_SHARD (``1 / (nodes ×
-  GPUs)`` each) + the gathered bf16 working set (root unit = embeddings + lm_head, and two
-  decoder layers: the one computing and the one prefetched) + unsharded gradients of the root
-  unit and one layer + activations at the token budget (with gradient checkpointing: each
-  layer's bf16 input, plus one layer recomputed) + logits (bf16 logits of the micro-batch kept
-  for backward, and the fp32 softmax of one ``logits_chunk_tokens`` chunk and its gradient) +
+  GPUs)`` each) + the gathered bf16 working set (one [V, h] matrix: the lm_head unit at the turn
+  from forward to backward, or a tied embedding in the root; and two decoder layers: the one
+  computing and the one prefetched) + the unsharded bf16 gradient of the largest unit and its
+  fp32 copy for the reduce-scatter (``reduce_dtype`` fp32) + activations at the token budget
+  (with gradient checkpointing: each layer's bf16 input, plus one layer recomputed) + logits of
+  the response positions only (``logits_to_keep``; bf16 under autocast, else fp32) kept for
+  backward, their gradient (same size), and in one ``logits_chunk_tokens`` chunk's backward its
+  fp32 log-softmax and the gradients into and out of it + without FSDP under autocast, autocast's bf16 copy of every weight +
   what vLLM keeps while it sleeps (everything, without sleep mode).
-- **weight sync**: resident shards + vLLM's weights (awake) + one gathered parameter.
+- **weight sync**: resident shards + vLLM's weights (awake) + one parameter gathered in the
+  rollout dtype (each shard is cast before the gather, ``dapo.weight_sync``).
 
 Time per rollout step: generation rounds at the cluster's decode throughput, but no shorter
 than one full-length response at a single sequence's decode speed; the update at
 ``(6 + 2·checkpointing)·P`` FLOP per trained token (+ ``2·P`` for the old-log-prob forward when a
 batch feeds several optimizer steps) and a stated MFU; the weight sync as one all-gather of the
-bf16 model (sleep level 2 drops vLLM's weights; the push refills them).
+model in the rollout dtype (bf16) (sleep level 2 drops vLLM's weights; the push refills them).
 """
 
 from __future__ import annotations
@@ -73,8 +77,14 @@ class ModelShape:
 
     @property
     def root_params(self) -> int:
-        """Embeddings + lm_head (+ the final norm): the FSDP root unit."""
+        """Embeddings + lm_head (+ the final norm): every parameter outside the decoder layers."""
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def largest_unit_params(self) -> int:
+        """The largest FSDP unit (``dapo.distributed.shard_causal_lm``): a decoder layer, or one [V, h]
+        matrix (an untied embedding or lm_head is a unit of its own; a tied one sits in the root)."""
+        return max(self.layer_params, self.vocab * self.hidden + (self.hidden if self.tied else 0))
 
     @property
     def params(self) -> int:
@@ -272,11 +282,17 @@ def memory_plan(cfg: Config, shape: ModelShape, gpu_gib: float, a: Assumptions =
     optim = Term(f"AdamW moments shard (2 × {'fp32' if pb == 4 else 'bf16'}, 1/{shard})", 2 * P * pb / shard, fsdp)
     over = Term("runtime overhead (CUDA context, NCCL, fragmentation)", a.overhead_gib * GiB, "a larger GPU")
     update = [params, grads, optim]
+    autocast = cfg.model.autocast_bf16
     if L.fsdp:
-        update.append(Term("gathered bf16 parameters (root unit + 2 layers)",
-                           2 * (shape.root_params + 2 * shape.layer_params), "launch.fsdp"))
-        update.append(Term("unsharded bf16 gradients (root unit + 1 layer)",
-                           2 * (shape.root_params + shape.layer_params), "launch.fsdp"))
+        update.append(Term("gathered bf16 parameters ([V, h] unit + 2 layers)",
+                           2 * (shape.vocab * shape.hidden + shape.hidden + 2 * shape.layer_params), "launch.fsdp"))
+        unit = shape.largest_unit_params
+        update.append(Term("unsharded gradient of the largest unit (bf16)" if autocast else
+                           "unsharded gradient of the largest unit", unit * (2 if autocast else pb), "launch.fsdp"))
+        if autocast:   # MixedPrecisionPolicy(reduce_dtype=float32): the reduce-scatter input is an fp32 copy
+            update.append(Term("fp32 reduce-scatter staging of that unit", unit * 4, "launch.fsdp"))
+    elif autocast and pb == 4:   # autocast caches a bf16 copy of every fp32 weight for the forward
+        update.append(Term("autocast's bf16 weight copies (no FSDP)", 2 * P, "launch.fsdp"))
     layer_act = T * shape.act_values_per_token * 2
     if cfg.model.gradient_checkpointing:
         update.append(Term(f"activations: layer checkpoints ({T} tokens × {shape.layers} layers)",
@@ -285,10 +301,16 @@ def memory_plan(cfg: Config, shape: ModelShape, gpu_gib: float, a: Assumptions =
     else:
         update.append(Term(f"activations: {shape.layers} layers, no checkpointing", layer_act * shape.layers,
                            "model.gradient_checkpointing"))
-    chunk = min(t.logits_chunk_tokens or T, T)
-    update.append(Term(f"logits kept for backward (bf16, {T} tokens)", T * shape.vocab * 2,
+    # logits only at the response positions (logits_to_keep): T × max_new / (prompt + max_new), exact at full length
+    T_resp = math.ceil(T * r.max_new_tokens / (cfg.data.max_prompt_tokens + r.max_new_tokens))
+    lb, lname = (2, "bf16") if autocast else (pb, "fp32" if pb == 4 else "bf16")
+    chunk = min(t.logits_chunk_tokens or T_resp, T_resp)
+    update.append(Term(f"logits kept for backward ({lname}, {T_resp} response tokens)", T_resp * shape.vocab * lb,
                        "train.max_tokens_per_micro_batch"))
-    update.append(Term(f"logits chunk: fp32 softmax + gradient ({chunk} tokens)", chunk * shape.vocab * 4 * 2,
+    update.append(Term(f"logits gradient ({lname}, {T_resp} response tokens)", T_resp * shape.vocab * lb,
+                       "train.max_tokens_per_micro_batch"))
+    # a chunk's backward: its fp32 log-softmax (saved), the gradient arriving at it and the one leaving it
+    update.append(Term(f"logits chunk: fp32 log-softmax + 2 gradients ({chunk} tokens)", chunk * shape.vocab * 4 * 3,
                        "train.logits_chunk_tokens"))
     reservation = r.gpu_memory_utilization * total
     update.append(Term("vLLM asleep" if r.sleep_mode else "vLLM reservation held (no sleep mode)",
@@ -301,7 +323,8 @@ def memory_plan(cfg: Config, shape: ModelShape, gpu_gib: float, a: Assumptions =
                            "rollout.gpu_memory_utilization"), over]
     biggest = max(shape.vocab * shape.hidden, shape.hidden * shape.intermediate)
     sync = resident + [Term(f"vLLM weights awake (bf16, TP {tp})", w, "rollout.tensor_parallel_size"),
-                       Term("one gathered parameter (fp32 + bf16 copy)", biggest * 6, "launch.fsdp"), over]
+                       Term("one gathered parameter (bf16: the shard is cast first)", biggest * 2, "launch.fsdp"),
+                       over]
     seq = cfg.data.max_prompt_tokens + r.max_new_tokens
     kv_tok = shape.kv_bytes_per_token() / tp
     kv = max(0.0, reservation - w - a.vllm_act_gib * GiB)

@@ -209,7 +209,8 @@ def make_rollout_engine(cfg: Config, model_path, device: torch.device, trainer_m
               "max_model_len": cfg.data.max_prompt_tokens + max(cfg.rollout.max_new_tokens,
                                                                  cfg.eval.max_new_tokens or 0),
               "tensor_parallel_size": cfg.rollout.tensor_parallel_size, "external_launcher": world > 1,
-              "sleep_mode": cfg.rollout.sleep_mode}
+              "sleep_mode": cfg.rollout.sleep_mode, "enforce_eager": cfg.rollout.enforce_eager,
+              "load_format": "dummy"}   # every caller pushes the trainer's weights before generating
     elif world > 1:
         raise ValueError(f"rollout.engine={cfg.rollout.engine!r} cannot split generation over {world} processes "
                          f"(it generates with the sharded trainer model); use rollout.engine=vllm")

@@ -40,7 +40,8 @@ LOCK_FILE = "run.lock"
 RUN_ENTRIES = frozenset({"config.yaml", "checkpoints", "mlflow_run.json", "summary.json", "final_model",
                          "eval_records", "engine.log", ".engine-logging.json", LOCK_FILE, "job.json",
                          "requeues.json", "failed.json"})
-_RUN_ENTRY_RE = re.compile(r"\.launch-config\.node\d+\.yaml|\..+\.\d+\.tmp")   # per-node configs, atomic writes
+_RUN_ENTRY_RE = re.compile(r"\.launch-config\.node\d+\.yaml|\..+\.\d+\.tmp"     # per-node configs, atomic writes,
+                           r"|engine\.rank\d+\.log|\.engine-logging\.rank\d+\.json")   # per-rank engine logs
 
 
 def run_dir_for(cfg: Config) -> Path:

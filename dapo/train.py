@@ -34,12 +34,13 @@ import torch
 
 from dapo import algo, corrections, eval_records, faults
 from dapo.base_model import resolve_policy_path
-from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_final_model
 from dapo.config import Config, config_hash, flatten, to_dict
 from dapo.distributed import (barrier, broadcast_object, destroy_distributed, final_state_dict, init_distributed,
                               set_cpu_threads)
 from dapo.evaluate import eval_seed, evaluate
 from dapo.logprobs import old_logprobs, response_loss_mask, response_mask, rollout_logprobs, single_step_on_policy
+from dapo.preemption import StepBoundarySignal
 from dapo.rollout import make_rollout_engine, rollout_with_retry, round_seed
 from dapo.run_data import load_run_data
 from dapo.run_dir import hold_run_dir, run_dir_for
@@ -111,16 +112,19 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
     """
     run_dir = Path(run_dir) if run_dir is not None else run_dir_for(cfg)
     main_rank = int(os.environ.get("RANK", "0") or 0) == 0
-    with hold_run_dir(run_dir, enabled=main_rank):   # RunDirBusy (another process trains here): nothing touched
+    # RunDirBusy (another process trains here): nothing touched. USR2 (preemption): a checkpoint at the
+    # end of the rollout step, then the signal's previous handling (submitit: requeue), see dapo.preemption
+    with hold_run_dir(run_dir, enabled=main_rank), StepBoundarySignal() as preemption:
         try:
-            return _train(cfg, run_dir, tags=tags)
+            return _train(cfg, run_dir, tags=tags, preemption=preemption)
         except BaseException as exc:
             if main_rank:
                 mark_run_ended(run_dir, exc)
             raise
 
 
-def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[str, Any]:
+def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None,
+           preemption: StepBoundarySignal | None = None) -> dict[str, Any]:
     from tqdm.auto import tqdm
     run = _start_run(cfg, run_dir, tags)          # processes, policy, data, resume, tracking, engine
     policy, state, tracker = run.policy, run.state, run.tracker
@@ -198,9 +202,13 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None) -> dict[s
         tracker.record(metrics, rollout_step=r, grad_step=state["grad_step"])
         bar.update(1)
         run.log(_step_line(r, total, state["grad_step"], metrics, batch, ev))
-        # 10. checkpoint, then flush the buffered metrics (exactly-once logging)
-        if (cfg.checkpoint.every and r % cfg.checkpoint.every == 0) or r == total:
+        # 10. checkpoint, then flush the buffered metrics (exactly-once logging); also when a rank got USR2
+        preempted = preemption is not None and preemption.pending(policy.world)
+        if (cfg.checkpoint.every and r % cfg.checkpoint.every == 0) or r == total or preempted:
             _checkpoint(run, r)
+        if preempted:
+            run.log(f"preemption signal: checkpointed at rollout step {r}; handing over (requeue or exit)")
+            preemption.hand_over()
     bar.close()
     return _finish(run)
 
@@ -437,7 +445,8 @@ def _finish(run: Run) -> dict[str, Any]:
         final = tracker.last_eval()
         summary["final_eval"] = final
         if final_sd is not None:
-            run.policy.module.save_pretrained(run.run_dir / "final_model", state_dict=final_sd)
+            save_final_model(run.policy.module, final_sd, run.run_dir / "final_model",
+                             run.cfg.checkpoint.final_model_dtype)
             run.tokenizer.save_pretrained(run.run_dir / "final_model")
         tracker.set_tags({"dapo.status": "finished"})
         tracker.finish()

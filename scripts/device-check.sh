@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One-GPU check of the training half, for a machine with one CUDA GPU and a preinstalled image
+# (Python, torch, transformers, accelerate; no vLLM, no MLflow, no package index). In one run of a
+# few minutes (limit: 8) scripts/device_check.py measures the bf16 matmul rate, runs one FSDP2 update
+# (world 1, NCCL, bf16 compute, gradient checkpointing, chunked log-probs) on tiny-25m and on a
+# Qwen2.5-0.5B-shaped random model, printing MFU and the peak memory against `dapo plan`, saves and
+# resumes a DCP checkpoint (bit-for-bit check), and runs 2 rollout steps with the transformers engine.
+#
+#   bash scripts/device-check.sh [--cpu] [extra arguments of scripts/device_check.py]
+#
+# --cpu: CPU + gloo and small shapes (checks the script itself on any machine). PYTHON picks the
+# interpreter (default: python3, the image's). Output: the terminal and runs/device-check/check.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,12p' "$0"; exit 0; fi
+OUT=runs/device-check
+mkdir -p "$OUT"
+exec > >(tee "$OUT/check.log") 2>&1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if [ "${1:-}" != "--cpu" ] && command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+fi
+exec timeout 480 "$PYTHON" scripts/device_check.py --workdir "$OUT" "$@"
