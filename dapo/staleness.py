@@ -17,12 +17,13 @@ lag of the step's rollouts in updates, r − 1 − v(r).
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["LaggedWeights", "lagged_version"]
+__all__ = ["LaggedWeights", "lagged_version", "swapped_weights", "split_mismatch"]
 
 
 def lagged_version(rollout_step: int, k: int) -> int:
@@ -60,3 +61,30 @@ class LaggedWeights:
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.weights = OrderedDict((int(v), w) for v, w in zip(d["versions"].tolist(), d["weights"]))
+
+
+@contextlib.contextmanager
+def swapped_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> Iterator[None]:
+    """``model`` holds ``weights`` inside the block and its own again after it (bit for bit: a CPU copy
+    of its state is loaded back). One process only, as :class:`LaggedWeights`."""
+    own = {n: t.detach().to("cpu", copy=True) for n, t in model.state_dict().items()}
+    model.load_state_dict(weights)
+    try:
+        yield
+    finally:
+        model.load_state_dict(own)
+
+
+def split_mismatch(metrics: Callable[..., dict[str, float]], old_logp: torch.Tensor, lag_logp: torch.Tensor,
+                   rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """The mismatch of π_old vs π_rollout in two parts, at π_lag = the trainer's own forward with the
+    weights that sampled (all [N, L]): ``mismatch/kernel/*`` (π_lag vs π_rollout: the same weights,
+    the engine's kernels and precision against the trainer's) and ``mismatch/lag/*`` (π_old vs π_lag:
+    the same kernels, the weights k updates apart). Log-ratios add, log ρ = log ρ_lag + log ρ_kernel,
+    so the token-level |Δ log p| parts bound the whole. ``metrics`` is
+    `dapo.corrections.mismatch_metrics`; the per-length buckets are left to the whole."""
+    out: dict[str, float] = {}
+    for part, (a, b) in (("kernel", (lag_logp, rollout_logp)), ("lag", (old_logp, lag_logp))):
+        out.update({k.replace("mismatch/", f"mismatch/{part}/", 1): v for k, v in metrics(a, b, mask).items()
+                    if "_len_" not in k})
+    return out

@@ -174,6 +174,8 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None,
         # 5b. the behaviour policy: mismatch π_old vs π_rollout, and its correction (per-token Â·w, rejections)
         adv, loss_mask, mismatch = _behaviour(cfg, old_lp, rollout_lp, resp_mask, adv, loss_mask)
         mismatch.update(_advantage_stats(adv, loss_mask))
+        with timer("old_logprob"):
+            mismatch.update(_lag_split(run, batch, old_lp, rollout_lp, resp_mask, r))   # staleness: kernel / lag
         # 6. μ optimizer steps (mini-batches × ppo_epochs), micro-batch accumulation: [μ] StepStats
         with timer("train"):
             steps = _update(run, batch, old_lp, adv, loss_mask, r)
@@ -249,6 +251,20 @@ def _push_lagged(run: Run, r: int) -> dict[str, float]:
     v, weights = run.lagged.for_step(r)
     run.engine.update_weights(weights.items())
     return {"offpolicy/staleness": float(r - 1 - v)}
+
+
+def _lag_split(run: Run, batch, old_lp, rollout_lp, resp_mask, r: int) -> dict[str, float]:
+    """train.staleness = k with π_old from the trainer: ``mismatch/kernel/*`` and ``mismatch/lag/*``
+    (`dapo.staleness.split_mismatch`), from one more forward of the trainer with the weights that
+    sampled step r's rollouts (update r-1-k, still kept: the update of step r is recorded after it)."""
+    if run.lagged is None or old_lp is None or rollout_lp is None or run.cfg.algo.old_logprobs == "rollout":
+        return {}
+    from dapo.staleness import split_mismatch, swapped_weights
+    p = run.policy
+    _, weights = run.lagged.for_step(r)
+    with swapped_weights(p.module, weights):
+        lag_lp, _, _ = old_logprobs(p.module, batch, run.cfg, p.pad_id, p.device, p.autocast, p.rank, p.world)
+    return split_mismatch(corrections.mismatch_metrics, old_lp, lag_lp, rollout_lp, resp_mask)
 
 
 def _advantage_stats(adv: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:

@@ -91,4 +91,31 @@ def test_a_stale_run_logs_its_lag_changes_the_rollouts_and_resumes_bit_for_bit(t
     d_sync, d_stale = sync["mismatch/abs_diff_max"], stale["mismatch/abs_diff_max"]
     assert d_stale[0] == d_sync[0] < 1e-4
     assert all(b > 10 * max(a, 1e-6) for a, b in zip(d_sync[1:], d_stale[1:])), (d_sync, d_stale)
+    # the split at π_lag (the trainer's forward with the weights that sampled): with the transformers
+    # engine in fp32 the kernels agree, so the kernel part is float noise and the lag part is the whole
+    assert "mismatch/lag/kl" not in sync
+    kern, lag = stale["mismatch/kernel/abs_diff_max"], stale["mismatch/lag/abs_diff_max"]
+    assert max(kern) < 1e-4 and lag[0] == 0.0, (kern, lag)
+    assert all(b > 10 * max(a, 1e-6) for a, b in zip(kern[1:], lag[1:])), (kern, lag)
+    for k3, k3_lag, k3_kern in zip(stale["mismatch/k3"], stale["mismatch/lag/k3"], stale["mismatch/kernel/k3"]):
+        assert k3_kern < 1e-8 and k3_lag == pytest.approx(k3, rel=1e-3, abs=1e-9)
     assert resumed == stale                                                # the lagged weights came back
+
+
+def test_split_mismatch_parts_add_up_in_log_ratio():
+    """log ρ = log π_old − log π_rollout splits at π_lag into lag + kernel: each part's kl is the mean
+    of its own log-ratio, so kl(lag) + kl(kernel) = kl(whole) exactly (hand tensors)."""
+    import torch
+
+    from dapo.corrections import mismatch_metrics
+    from dapo.staleness import split_mismatch
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, 0.0]])
+    lag = torch.tensor([[-1.2, -1.9, -0.7], [-0.3, -2.5, 0.0]])
+    roll = torch.tensor([[-1.25, -1.85, -0.7], [-0.3, -2.45, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    parts = split_mismatch(mismatch_metrics, old, lag, roll, mask)
+    whole = mismatch_metrics(old, roll, mask)
+    assert parts["mismatch/lag/kl"] + parts["mismatch/kernel/kl"] == pytest.approx(whole["mismatch/kl"], abs=1e-7)
+    assert parts["mismatch/kernel/abs_diff_max"] == pytest.approx(0.05, abs=1e-6)   # |−1.2 − (−1.25)|, |−2.5 + 2.45|
+    assert parts["mismatch/lag/abs_diff_max"] == pytest.approx(0.5, abs=1e-6)       # |−3.0 − (−2.5)|
+    assert not any("_len_" in k for k in parts)
