@@ -77,61 +77,82 @@ def response_logits(model, prompt_ids, response_ids, pad_id, device, autocast: b
     return logits[:, :L], targets, resp_mask
 
 
-def pack_flat(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int, device):
-    """Concatenate the n sequences (prompt + response, no padding) into one row.
+def pack_flat(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int, device,
+              row_len: Optional[int] = None):
+    """Concatenate the n sequences (prompt + response, no padding between them) into rows.
 
-    Returns input_ids [1, S], position_ids [1, S] (0, 1, ... restarting at each sequence),
-    keep [K] (the row positions whose logits predict a response token), targets [1, K],
-    where = (row [K], col [K]) of each kept position in the padded [n, L] layout, resp_mask [n, L].
-    S = Σ (p_i + r_i); K = Σ max(r_i, 1): a sequence with an empty response keeps the position after
-    its prompt (target ``pad_id``, masked), as column 0 of the padded layout.
+    ``row_len`` None: one row. Else rows of at most max(row_len, longest sequence) tokens, filled
+    first-fit in decreasing length, each right-padded to the longest row (``pad_id``, positions
+    continuing: causal attention keeps every real token from seeing them).
+    Returns input_ids [R, W], position_ids [R, W] (0, 1, ... restarting at each sequence),
+    keep [U] (the columns whose logits are computed: every column that predicts a response token
+    in some row), targets [R, U], where = (r, u, i, j) [K] each: position (r, u) of [R, U] holds
+    response token j of sequence i (the padded [n, L] layout), resp_mask [n, L].
+    K = Σ max(r_i, 1): a sequence with an empty response keeps the position after its prompt
+    (target ``pad_id``, masked), as column 0 of the padded layout.
     """
     n = len(prompt_ids)
     L = max(max((len(r) for r in response_ids), default=0), 1)
-    ids: list[int] = []
-    pos: list[int] = []
-    keep: list[int] = []
-    targets: list[int] = []
-    rows: list[int] = []
-    cols: list[int] = []
-    resp_mask = torch.zeros(n, L)
-    for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
-        if not p:
+    lens = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    cap = sum(lens) if row_len is None else max([row_len, *lens])
+    rows: list[list[int]] = []                                  # sequence indices per row
+    fill: list[int] = []
+    for i in sorted(range(n), key=lambda i: (-lens[i], i)):
+        if not prompt_ids[i]:
             raise ValueError(f"pack_flat: sequence {i} has an empty prompt (a packed response needs the token before it)")
-        o, m = len(ids), max(len(r), 1)
-        ids += list(p) + list(r)
-        pos += range(len(p) + len(r))
-        keep += range(o + len(p) - 1, o + len(p) - 1 + m)
-        targets += list(r) if r else [pad_id]
-        rows += [i] * m
-        cols += range(m)
-        resp_mask[i, :len(r)] = 1.0
+        k = next((k for k, f in enumerate(fill) if f + lens[i] <= cap), len(rows))
+        if k == len(rows):
+            rows.append([])
+            fill.append(0)
+        rows[k].append(i)
+        fill[k] += lens[i]
+    W = max(fill, default=1)
+    ids = torch.full((len(rows), W), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(rows), W), dtype=torch.long)
+    need: list[tuple[int, int, int, int, int]] = []             # (r, column, i, j, target)
+    for r, row in enumerate(rows):
+        o = 0
+        for i in sorted(row):
+            p, resp = prompt_ids[i], response_ids[i]
+            ids[r, o:o + lens[i]] = torch.tensor(list(p) + list(resp), dtype=torch.long)
+            pos[r, o:o + lens[i]] = torch.arange(lens[i])
+            need += [(r, o + len(p) - 1 + j, i, j, resp[j] if resp else pad_id) for j in range(max(len(resp), 1))]
+            o += lens[i]
+        pos[r, o:] = lens[sorted(row)[-1]] + torch.arange(W - o)        # continuing the row's last sequence
+    keep = sorted({c for _, c, *_ in need})
+    u_of = {c: u for u, c in enumerate(keep)}
+    targets = torch.full((len(rows), len(keep)), pad_id, dtype=torch.long)
+    r_, u_, i_, j_ = ([x[0] for x in need], [u_of[x[1]] for x in need], [x[2] for x in need], [x[3] for x in need])
+    targets[r_, u_] = torch.tensor([x[4] for x in need], dtype=torch.long)
+    resp_mask = torch.zeros(n, L)
+    for i, resp in enumerate(response_ids):
+        resp_mask[i, :len(resp)] = 1.0
 
     def t(x):
-        return torch.tensor(x, dtype=torch.long, device=device)
-    return (t(ids)[None], t(pos)[None], t(keep), t(targets)[None], (t(rows), t(cols)), resp_mask.to(device))
+        return torch.as_tensor(x, dtype=torch.long).to(device)
+    return (ids.to(device), pos.to(device), t(keep), targets.to(device), (t(r_), t(u_), t(i_), t(j_)),
+            resp_mask.to(device))
 
 
 @dataclass(frozen=True)
 class ResponseLogits:
     """One forward's logits at the positions that predict response tokens.
 
-    Padded: logits [n, L, V], targets [n, L]. Packed: logits [1, K, V], targets [1, K] and ``where``,
-    the (row, col) of each of the K positions in the [n, L] layout. resp_mask [n, L] either way.
-    :meth:`logprobs` / :meth:`entropy` return [n, L] float32 in both (0 where no position was
-    computed, i.e. the padded layout's padding).
+    Padded: logits [n, L, V], targets [n, L]. Packed: logits [R, U, V], targets [R, U] and ``where``
+    (see :func:`pack_flat`). resp_mask [n, L] either way. :meth:`logprobs` / :meth:`entropy` return
+    [n, L] float32 in both (0 where no position was computed, i.e. the padded layout's padding).
     """
     logits: torch.Tensor
     targets: torch.Tensor
     resp_mask: torch.Tensor
-    where: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    where: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
     def layout(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-position values ([n, L] padded, [1, K] packed) -> [n, L] (differentiable)."""
+        """Per-position values ([n, L] padded, [R, U] packed) -> [n, L] (differentiable)."""
         if self.where is None:
             return x
-        out = x.new_zeros(self.resp_mask.shape)
-        return out.index_put(self.where, x[0])
+        r, u, i, j = self.where
+        return x.new_zeros(self.resp_mask.shape).index_put((i, j), x[r, u])
 
     def logprobs(self, temperature: float = 1.0, chunk_tokens: Optional[int] = None) -> torch.Tensor:
         """log π(target) at each response position: [n, L] float32 (see `token_logprobs`)."""
@@ -142,20 +163,32 @@ class ResponseLogits:
         return self.layout(token_entropy(self.logits, temperature, chunk_tokens))
 
 
+#: Attention implementations whose masks transformers builds from packed position ids row by row
+#: (masking_utils): a packed micro-batch may use several rows. Any other (flash-attention's varlen
+#: path reads packed position ids only for a batch of one row) gets one row.
+ROWWISE_ATTENTION = ("sdpa", "eager", "flex_attention")
+
+
 def response_forward(model, prompt_ids, response_ids, pad_id, device, autocast: bool,
-                     packed: bool = False) -> ResponseLogits:
+                     packed: bool = False, one_row: Optional[bool] = None) -> ResponseLogits:
     """The forward of n sequences in the padded (:func:`response_logits`) or packed (:func:`pack_flat`) layout.
 
-    Packed: one row, ``attention_mask=None`` and position ids that restart per sequence, which is
-    transformers' packed-sequence input (block-causal attention per sequence, see the module doc);
-    ``logits_to_keep`` is the tensor of the K positions that predict response tokens.
+    Packed: ``attention_mask=None`` and position ids that restart per sequence, which is
+    transformers' packed-sequence input (block-causal attention per sequence, see the module doc).
+    ``one_row`` None: one row unless the model's attention is in :data:`ROWWISE_ATTENTION`; then
+    rows as long as the longest sequence, so the attention does no more work than padded rows
+    (a dense kernel computes the masked-out scores too: one long row would cost T² instead of
+    Σ rows · W²). ``logits_to_keep`` is the tensor of the columns that predict response tokens.
     """
     if not packed:
         return ResponseLogits(*response_logits(model, prompt_ids, response_ids, pad_id, device, autocast))
-    ids, pos, keep, targets, where, resp_mask = pack_flat(prompt_ids, response_ids, pad_id, device)
+    if one_row is None:
+        one_row = getattr(model.config, "_attn_implementation", None) not in ROWWISE_ATTENTION
+    ids, pos, keep, targets, where, resp_mask = pack_flat(prompt_ids, response_ids, pad_id, device,
+                                                          row_len=None if one_row else 0)
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
         logits = model(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False,
-                       logits_to_keep=keep).logits                                    # [1, K, V]
+                       logits_to_keep=keep).logits                                    # [R, U, V]
     return ResponseLogits(logits, targets, resp_mask, where)
 
 

@@ -484,11 +484,11 @@ SKEWED = {"extra": {"train.packed": "true"}, "budget": 10}
 
 
 def test_packed_logprobs_and_entropies_equal_the_padded_ones():
-    """One row of 16 packed sequences (an empty response among them) against 16 padded rows:
+    """16 packed sequences (an empty response among them) against 16 padded rows:
     equal to 1e-6 in fp32 on every response token. The same row with an all-ones attention mask
     (which turns transformers' packed-sequence detection off) attends across sequences and differs:
     the equality is the block-causal attention, not a coincidence."""
-    from dapo.logprobs import pack_flat, response_forward
+    from dapo.logprobs import ResponseLogits, pack_flat, response_forward
     model = _tiny_policy(3).eval()
     batch = _random_batch(seed=2)
     batch.response_ids[5] = []
@@ -503,15 +503,20 @@ def test_packed_logprobs_and_entropies_equal_the_padded_ones():
     for a, b in zip(packed[:2], padded[:2]):
         torch.testing.assert_close(a[computed], b[computed], rtol=0, atol=1e-6)
         assert float(a[~computed].abs().max()) == 0.0                   # packed: nothing computed at padding
-    # the chunked log-probs of the packed row, and one sequence alone, agree too
-    fw = response_forward(model, batch.prompt_ids, batch.response_ids, 0, cpu, False, packed=True)
-    torch.testing.assert_close(fw.logprobs(chunk_tokens=5)[mask], padded[0][mask], rtol=0, atol=1e-6)
+    # sdpa packs into rows as long as the longest sequence (here 5); one row (flash-attention's layout)
+    # and chunked log-probs agree too
+    rows = response_forward(model, batch.prompt_ids, batch.response_ids, 0, cpu, False, packed=True)
+    assert 1 < rows.logits.shape[0] < 16 and rows.logits.shape[1] <= max(map(len, batch.prompt_ids)) + 8
+    fw = response_forward(model, batch.prompt_ids, batch.response_ids, 0, cpu, False, packed=True, one_row=True)
+    assert fw.logits.shape[0] == 1
+    torch.testing.assert_close(fw.logprobs(chunk_tokens=5)[computed], padded[0][computed], rtol=0, atol=1e-6)
+    torch.testing.assert_close(fw.entropy()[computed], padded[1][computed], rtol=0, atol=1e-6)
     ids, pos, keep, tgt, where, _ = pack_flat(batch.prompt_ids, batch.response_ids, 0, cpu)
     assert ids.shape[1] == sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
     with torch.no_grad():
         leaky = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=pos,
-                      logits_to_keep=keep).logits.float().log_softmax(-1).gather(-1, tgt[..., None])[0, :, 0]
-    leaky = torch.zeros_like(padded[0]).index_put(where, leaky)
+                      logits_to_keep=keep).logits.float().log_softmax(-1).gather(-1, tgt[..., None])[..., 0]
+    leaky = ResponseLogits(None, None, padded[2], where).layout(leaky)
     assert float((leaky - padded[0])[mask].abs().max()) > 1e-2
 
 
