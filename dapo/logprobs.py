@@ -5,12 +5,14 @@ Every forward of the policy (old log-probs, the update, the reference model) goe
 
 - padded (:func:`pack`, :func:`response_logits`): one row per sequence, prompts left-padded and
   responses right-padded so that each response starts at the same column;
-- packed (``train.packed``, :func:`pack_flat`): the sequences concatenated into one row without
-  padding, position ids restarting at 0 per sequence and no attention mask. transformers (5.x,
-  ``masking_utils.find_packed_sequence_indices``) reads the restarts as sequence boundaries and
-  keeps attention causal within each sequence: a block-diagonal causal mask for sdpa/eager/flex,
-  ``cu_seqlens`` (varlen kernels) for flash-attention. Only the positions that predict a
-  response token go through the vocabulary projection.
+- packed (``train.packed``, :func:`pack_flat`): the sequences concatenated without padding
+  between them, position ids restarting at 0 per sequence and no attention mask. transformers
+  (5.x, ``masking_utils.find_packed_sequence_indices``) reads the restarts as sequence boundaries
+  and keeps attention causal within each sequence: a block-diagonal causal mask for
+  sdpa/eager/flex (built row by row, so rows as long as the longest sequence keep the dense
+  kernels' masked-out work no larger than padded rows'), ``cu_seqlens`` for flash-attention's
+  varlen kernels (one row: that path reads packed position ids only for a batch of one). Only the
+  columns that predict a response token go through the vocabulary projection.
 
 Either way the per-token results come back in the padded [n, L] layout (:class:`ResponseLogits`),
 so the loss code sees one layout. Micro-batches and their assignment to ranks:
