@@ -35,7 +35,7 @@ from dapo.config import Config
 if TYPE_CHECKING:
     from dapo.rollout import RolloutBatch
 
-__all__ = ["pack", "pack_flat", "response_logits", "ResponseLogits", "response_forward", "filler_forward",
+__all__ = ["pack", "pack_flat", "response_logits", "ResponseLogits", "response_forward", "ROWWISE_ATTENTION", "filler_forward",
            "logit_temperature", "logit_options", "token_logprobs", "token_entropy", "length_sorted", "micro_cost",
            "micro_batches", "balance_by_tokens", "rank_micro_batches", "FILLER", "response_mask",
            "response_loss_mask", "single_step_on_policy", "old_logprobs"]
