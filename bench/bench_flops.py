@@ -6,7 +6,8 @@ padded and packed (``train.packed``) side by side.
     python -m bench.bench_flops --smoke            # CI: tiny-3m, one shape, one repeat
 
 Ceiling: a large ``torch.matmul`` (``--ceiling-n``, default 4096) in fp32 and in bf16,
-measured in the same process with the same threads: 2 n^3 FLOP per call.
+measured in the same process with the same threads before and after the runs (the higher counts):
+2 n^3 FLOP per call.
 
 Update: ``dapo.update.update_policy`` -- the loop's real optimizer step (packing, forward,
 log-probs, clipped token-level loss, backward, grad clip, AdamW) -- on a synthetic rollout
@@ -109,14 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     print("## Training throughput: update phase vs matmul ceiling, padded and packed\n")
     print(f"machine: {cpu}, {os.cpu_count()} cores, {args.threads} threads; torch {torch.__version__}; "
           f"load average before: {os.getloadavg()[0]:.1f}")
-    print(f"model: {args.model} ({n_params / 1e6:.1f}M parameters, attention {model.config._attn_implementation}); "
-          f"ceiling {args.ceiling_n}^2 matmul: " + ", ".join(f"{p} {v:.0f} GFLOP/s" for p, v in ceil.items()) + "\n")
-    print("| precision | responses | micro-batch | real tokens | padded tokens | padded: update s | padded: GFLOP/s | "
-          "padded: % of ceiling | packed: update s | packed: GFLOP/s | packed: % of ceiling | packed row tokens |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     settings = [("seqs", int(m)) for m in args.micro.split(",") if m] + \
                [("tokens", int(b)) for b in args.budgets.split(",") if b]
-    best: dict[tuple[str, str, str], float] = {}          # (precision, layout, uniform|mixed) -> best fraction
+    results = []                                          # (precision, responses, label, real, padded, rows, {layout: s})
     for prec in precisions:
         for rl in args.resp_len.split(","):
             batch = synthetic_batch(8, 8, rl, vocab)
@@ -146,20 +142,27 @@ def main(argv: list[str] | None = None) -> int:
                         update_policy(policy, batch, None, adv, mask, cfgs[layout])
                         if rep:  # first run is warm-up
                             ts[layout].append(time.perf_counter() - t)
-                cells = []
-                for layout in ("padded", "packed"):
-                    t_upd = statistics.median(ts[layout])
-                    g = 6 * n_params * real / t_upd / 1e9
-                    key = (prec, layout, "mixed" if rl == "mixed" else "uniform")
-                    best[key] = max(best.get(key, 0.0), g / ceil[prec])
-                    cells += [f"{t_upd:.2f}", f"{g:.0f}", f"{100 * g / ceil[prec]:.0f}%"]
                 label = f"{size}" if kind == "seqs" else f"{size} tokens"
-                print(f"| {prec} | {rl} | {label} | {real} | {padded} | " + " | ".join(cells) + f" | {rows} |", flush=True)
-    for p in precisions:
-        again = matmul_ceiling(args.ceiling_n, torch.float32 if p == "fp32" else torch.bfloat16)
-        if again > 1.1 * ceil[p]:
-            print(f"\nnote: the {p} ceiling measured {again:.0f} GFLOP/s after the runs vs {ceil[p]:.0f} before "
-                  f"(the machine's speed changed during the run; percentages use the first)")
+                results.append((prec, rl, label, real, padded, rows, {k: statistics.median(v) for k, v in ts.items()}))
+                print(f"[{prec} {rl} {label}: padded {results[-1][-1]['padded']:.2f} s, packed "
+                      f"{results[-1][-1]['packed']:.2f} s]", file=sys.stderr, flush=True)
+    for p in precisions:   # a shared machine's speed wanders: the higher ceiling of before and after counts
+        ceil[p] = max(ceil[p], matmul_ceiling(args.ceiling_n, torch.float32 if p == "fp32" else torch.bfloat16))
+    print(f"model: {args.model} ({n_params / 1e6:.1f}M parameters, attention {model.config._attn_implementation}); "
+          f"ceiling {args.ceiling_n}^2 matmul (the higher of before and after the runs): "
+          + ", ".join(f"{p} {v:.0f} GFLOP/s" for p, v in ceil.items()) + "\n")
+    print("| precision | responses | micro-batch | real tokens | padded tokens | padded: update s | padded: GFLOP/s | "
+          "padded: % of ceiling | packed: update s | packed: GFLOP/s | packed: % of ceiling | packed row tokens |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    best: dict[tuple[str, str, str], float] = {}          # (precision, layout, uniform|mixed) -> best fraction
+    for prec, rl, label, real, padded, rows, t in results:
+        cells = []
+        for layout in ("padded", "packed"):
+            g = 6 * n_params * real / t[layout] / 1e9
+            key = (prec, layout, "mixed" if rl == "mixed" else "uniform")
+            best[key] = max(best.get(key, 0.0), g / ceil[prec])
+            cells += [f"{t[layout]:.2f}", f"{g:.0f}", f"{100 * g / ceil[prec]:.0f}%"]
+        print(f"| {prec} | {rl} | {label} | {real} | {padded} | " + " | ".join(cells) + f" | {rows} |")
     print()
     print("Best update-phase fraction of the ceiling: "
           + ", ".join(f"{p} {100 * max(v for k, v in best.items() if k[0] == p):.0f}%" for p in precisions)
