@@ -185,7 +185,8 @@ def response_forward(model, prompt_ids, response_ids, pad_id, device, autocast: 
     if not packed:
         return ResponseLogits(*response_logits(model, prompt_ids, response_ids, pad_id, device, autocast))
     if one_row is None:
-        one_row = getattr(model.config, "_attn_implementation", None) not in ROWWISE_ATTENTION
+        config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)  # DDP: .module
+        one_row = getattr(config, "_attn_implementation", None) not in ROWWISE_ATTENTION
     ids, pos, keep, targets, where, resp_mask = pack_flat(prompt_ids, response_ids, pad_id, device,
                                                           row_len=None if one_row else 0)
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
