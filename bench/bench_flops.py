@@ -1,22 +1,27 @@
-"""Training throughput: achieved FLOP/s of the update phase vs this machine's matmul ceiling.
+"""Training throughput: achieved FLOP/s of the update phase vs this machine's matmul ceiling,
+padded and packed (``train.packed``) side by side.
 
-    python -m bench.bench_flops                    # tiny-25m, fp32 and bf16, micro-batches 8..64
-    python -m bench.bench_flops --model tiny-3m --micro 16,64
+    python -m bench.bench_flops                    # tiny-25m, fp32 and bf16, micro-batches 8..64 + a token budget
+    python -m bench.bench_flops --model tiny-3m --micro 16,64 --budgets ""
     python -m bench.bench_flops --smoke            # CI: tiny-3m, one shape, one repeat
 
 Ceiling: a large ``torch.matmul`` (``--ceiling-n``, default 4096) in fp32 and in bf16,
-measured in the same process with the same threads: 2 n^3 FLOP per call.
+measured in the same process with the same threads before and after the runs (the higher counts):
+2 n^3 FLOP per call.
 
 Update: ``dapo.update.update_policy`` -- the loop's real optimizer step (packing, forward,
 log-probs, clipped token-level loss, backward, grad clip, AdamW) -- on a synthetic rollout
 batch shaped like the RL benchmark (8 prompts x 8 responses, prompts of 20..40 tokens,
 responses of ``--resp-len`` tokens or a uniform 16..128 spread), one optimizer step per
-batch. Achieved FLOP/s = 6 x parameters x real (non-padding) tokens / time, the usual
+batch, once with padded rows and once packed, alternating repeat by repeat (same weights,
+same batch; the two give the same update up to float summation order). Micro-batches:
+``--micro`` sequences each (``train.micro_batch_seqs``) or ``--budgets`` tokens each
+(``train.max_tokens_per_micro_batch``: padded tokens when padded, real tokens when packed).
+Achieved FLOP/s = 6 x parameters x real (non-padding) tokens / time, the usual
 dense-transformer estimate (attention's own FLOPs and padding are not counted, so padding
-waste shows up as a lower number). "model only" times a bare forward+backward of the
-same padded batch (sum of logits as the loss), which bounds what our loss code can reach.
-fp32 rows are compared with the fp32 ceiling, bf16-autocast rows with the bf16 ceiling.
-Target (issue #7): >= 50% of the ceiling on the 25M model.
+waste shows up as a lower number). fp32 rows are compared with the fp32 ceiling,
+bf16-autocast rows with the bf16 ceiling. Targets: >= 50% of the ceiling on the 25M model
+(issue #7); mixed lengths within 10% of uniform ones (issue #25).
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ def synthetic_batch(prompts: int, n: int, resp_len: str, vocab: int, seed: int =
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-25m")
-    ap.add_argument("--micro", default="8,16,32,64", help="micro-batch sizes (sequences) to try")
+    ap.add_argument("--micro", default="8,16,64", help="micro-batch sizes (sequences) to try")
+    ap.add_argument("--budgets", default="2600", help="micro-batch token budgets to try ('' = none)")
     ap.add_argument("--resp-len", default="128,mixed", help="response lengths: an int, or 'mixed' (16..128)")
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--repeats", type=int, default=3)
@@ -79,14 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.model, args.micro, args.resp_len, args.repeats, args.ceiling_n = "tiny-3m", "16", "mixed", 1, 512
-        args.precisions = "fp32"
+        args.model, args.micro, args.budgets, args.resp_len = "tiny-3m", "16", "", "mixed"
+        args.repeats, args.ceiling_n, args.precisions = 1, 512, "fp32"
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
     from dapo import algo
     from dapo.config import build_config
-    from dapo.logprobs import length_sorted, pack, response_mask
+    from dapo.logprobs import micro_cost, pack_flat, rank_micro_batches, response_mask
     from dapo.models import load_model, resolve_model
     from dapo.update import Policy, update_policy
     torch.set_num_threads(args.threads)
@@ -101,71 +107,72 @@ def main(argv: list[str] | None = None) -> int:
     vocab = model.config.vocab_size
     cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                 if l.startswith("model name")), "unknown")
-    print("## Training throughput: update phase vs matmul ceiling\n")
-    print(f"machine: {cpu}, {os.cpu_count()} cores, {args.threads} threads; torch {torch.__version__}")
-    print(f"model: {args.model} ({n_params / 1e6:.1f}M parameters); ceiling {args.ceiling_n}^2 matmul: "
-          + ", ".join(f"{p} {v:.0f} GFLOP/s" for p, v in ceil.items()) + "\n")
-    print("| precision | responses | micro-batch | real tokens | padded tokens | update s (median) | "
-          "GFLOP/s | % of ceiling | model-only fwd+bwd GFLOP/s | % of ceiling |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    best = {}
+    print("## Training throughput: update phase vs matmul ceiling, padded and packed\n")
+    print(f"machine: {cpu}, {os.cpu_count()} cores, {args.threads} threads; torch {torch.__version__}; "
+          f"load average before: {os.getloadavg()[0]:.1f}")
+    settings = [("seqs", int(m)) for m in args.micro.split(",") if m] + \
+               [("tokens", int(b)) for b in args.budgets.split(",") if b]
+    results = []                                          # (precision, responses, label, real, padded, rows, {layout: s})
     for prec in precisions:
         for rl in args.resp_len.split(","):
             batch = synthetic_batch(8, 8, rl, vocab)
             adv = algo.group_advantages(batch.rewards).reshape(-1)
+            mask = response_mask(batch)
             real = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
-            for micro in [int(m) for m in args.micro.split(",")]:
-                cfg = build_config({"rollout": {"n": 8, "max_new_tokens": 128},
-                                    "algo": {"dynamic_sampling": {"enabled": False},
-                                             "overlong": {"max_len": 128, "cache_len": 32}},
-                                    "train": {"batch_prompts": 8, "mini_batch_prompts": 8,
-                                              "micro_batch_seqs": micro, "lr": 1e-6}}, where="bench_flops")
-                mask = response_mask(batch)
-                order = length_sorted(list(range(len(batch.response_ids))), batch)
-                padded = 0
-                for s in range(0, len(order), micro):
-                    ids = pack([batch.prompt_ids[i] for i in order[s:s + micro]],
-                                [batch.response_ids[i] for i in order[s:s + micro]], 0, torch.device("cpu"))[0]
-                    padded += ids.numel()
+            for kind, size in settings:
+                cfgs = {layout: build_config(
+                    {"rollout": {"n": 8, "max_new_tokens": 128},
+                     "algo": {"dynamic_sampling": {"enabled": False}, "overlong": {"max_len": 128, "cache_len": 32}},
+                     "train": {"batch_prompts": 8, "mini_batch_prompts": 8, "lr": 1e-6, "packed": layout == "packed",
+                               "micro_batch_seqs": size if kind == "seqs" else 1,
+                               "max_tokens_per_micro_batch": size if kind == "tokens" else None}},
+                    where="bench_flops") for layout in ("padded", "packed")}
+                seqs = list(range(len(batch.response_ids)))
+                padded = sum(micro_cost(mb, batch) for mb in rank_micro_batches(seqs, batch, cfgs["padded"], 1)[0])
+                rows = sum(pack_flat([batch.prompt_ids[i] for i in mb], [batch.response_ids[i] for i in mb], 0, "cpu",
+                                     row_len=0)[0].numel()
+                           for mb in rank_micro_batches(seqs, batch, cfgs["packed"], 1)[0])
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
                 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-                auto = prec == "bf16"
-                ts = []
+                policy = Policy(model, opt, sched, torch.device("cpu"), autocast=prec == "bf16")
+                ts: dict[str, list[float]] = {"padded": [], "packed": []}
                 for rep in range(args.repeats + 1):
-                    t = time.perf_counter()
-                    update_policy(Policy(model, opt, sched, torch.device("cpu"), autocast=auto),
-                                  batch, None, adv, mask, cfg)
-                    if rep:  # first run is warm-up
-                        ts.append(time.perf_counter() - t)
-                t_upd = statistics.median(ts)
-                # bare model forward+backward over the same micro-batches
-                tm = []
-                for rep in range(args.repeats + 1):
-                    t = time.perf_counter()
-                    for s in range(0, len(order), micro):
-                        ids, att, pos, *_ = pack([batch.prompt_ids[i] for i in order[s:s + micro]],
-                                                  [batch.response_ids[i] for i in order[s:s + micro]], 0,
-                                                  torch.device("cpu"))
-                        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=auto):
-                            out = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False).logits
-                        out.float().sum().backward()
-                    model.zero_grad(set_to_none=True)
-                    if rep:
-                        tm.append(time.perf_counter() - t)
-                t_model = statistics.median(tm)
-                g_upd = 6 * n_params * real / t_upd / 1e9
-                g_mod = 6 * n_params * real / t_model / 1e9
-                best[prec] = max(best.get(prec, 0.0), g_upd / ceil[prec])
-                print(f"| {prec} | {rl} | {micro} | {real} | {padded} | {t_upd:.2f} | {g_upd:.0f} | "
-                      f"{100 * g_upd / ceil[prec]:.0f}% | {g_mod:.0f} | {100 * g_mod / ceil[prec]:.0f}% |", flush=True)
-    for p in precisions:
-        again = matmul_ceiling(args.ceiling_n, torch.float32 if p == "fp32" else torch.bfloat16)
-        if again > 1.1 * ceil[p]:
-            print(f"\nnote: the {p} ceiling measured {again:.0f} GFLOP/s after the runs vs {ceil[p]:.0f} before "
-                  f"(the machine's speed changed during the run; percentages use the first)")
+                    for layout in ("padded", "packed"):
+                        t = time.perf_counter()
+                        update_policy(policy, batch, None, adv, mask, cfgs[layout])
+                        if rep:  # first run is warm-up
+                            ts[layout].append(time.perf_counter() - t)
+                label = f"{size}" if kind == "seqs" else f"{size} tokens"
+                results.append((prec, rl, label, real, padded, rows, {k: statistics.median(v) for k, v in ts.items()}))
+                print(f"[{prec} {rl} {label}: padded {results[-1][-1]['padded']:.2f} s, packed "
+                      f"{results[-1][-1]['packed']:.2f} s]", file=sys.stderr, flush=True)
+    for p in precisions:   # a shared machine's speed wanders: the higher ceiling of before and after counts
+        ceil[p] = max(ceil[p], matmul_ceiling(args.ceiling_n, torch.float32 if p == "fp32" else torch.bfloat16))
+    print(f"model: {args.model} ({n_params / 1e6:.1f}M parameters, attention {model.config._attn_implementation}); "
+          f"ceiling {args.ceiling_n}^2 matmul (the higher of before and after the runs): "
+          + ", ".join(f"{p} {v:.0f} GFLOP/s" for p, v in ceil.items()) + "\n")
+    print("| precision | responses | micro-batch | real tokens | padded tokens | padded: update s | padded: GFLOP/s | "
+          "padded: % of ceiling | packed: update s | packed: GFLOP/s | packed: % of ceiling | packed row tokens |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    best: dict[tuple[str, str, str], float] = {}          # (precision, layout, uniform|mixed) -> best fraction
+    for prec, rl, label, real, padded, rows, t in results:
+        cells = []
+        for layout in ("padded", "packed"):
+            g = 6 * n_params * real / t[layout] / 1e9
+            key = (prec, layout, "mixed" if rl == "mixed" else "uniform")
+            best[key] = max(best.get(key, 0.0), g / ceil[prec])
+            cells += [f"{t[layout]:.2f}", f"{g:.0f}", f"{100 * g / ceil[prec]:.0f}%"]
+        print(f"| {prec} | {rl} | {label} | {real} | {padded} | " + " | ".join(cells) + f" | {rows} |")
     print()
     print("Best update-phase fraction of the ceiling: "
-          + ", ".join(f"{p} {100 * v:.0f}%" for p, v in best.items()) + " (target >= 50%)")
+          + ", ".join(f"{p} {100 * max(v for k, v in best.items() if k[0] == p):.0f}%" for p in precisions)
+          + " (target >= 50%)")
+    for p in precisions:
+        for layout in ("padded", "packed"):
+            u, m = best.get((p, layout, "uniform")), best.get((p, layout, "mixed"))
+            if u and m:
+                print(f"{p} {layout}: best uniform {100 * u:.0f}%, best mixed {100 * m:.0f}% of the ceiling: "
+                      f"mixed/uniform {m / u:.2f} (target >= 0.90)")
     return 0
 
 

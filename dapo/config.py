@@ -238,6 +238,10 @@ class TrainConfig:
         "token budget per forward/backward per process, prompt + response (None = micro_batch_seqs sequences)", None)
     logits_chunk_tokens: Optional[int] = doc(
         "log-probs/entropy from the logits this many tokens at a time (memory only; None = all at once)", None)
+    packed: bool = doc(
+        "padding-free forwards: each micro-batch's sequences concatenated into one row, position ids restarting "
+        "per sequence, attention causal within each sequence (dapo.logprobs.pack_flat); the token budget then "
+        "counts real tokens. Same numbers as padded up to float summation order", False)
     ppo_epochs: int = doc("passes over each rollout batch", 1)
     lr: float = doc("AdamW learning rate (the paper: 1e-6)", 1e-6)
     warmup_grad_steps: int = doc("linear warm-up length in gradient steps (the paper: 20 rollout steps)", 0)
@@ -772,7 +776,8 @@ UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep
                  "train.logits_chunk_tokens", "launch.pg_timeout_s", "launch.rollout_timeout_s")
 # Keys added after runs existed that do change the numbers: hashed only when they differ from the value
 # below (the behaviour before they existed), so every older run id stays valid.
-HASHED_WHEN_NOT = {"data.train_skip": 0, "train.max_tokens_per_micro_batch": None, "train.staleness": 0}
+HASHED_WHEN_NOT = {"data.train_skip": 0, "train.max_tokens_per_micro_batch": None, "train.staleness": 0,
+                   "train.packed": False}   # packed: a token budget groups other sequences (Clip-Cov draws per micro-batch)
 
 
 def _defaults(cls: type, prefix: str) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 __all__ = ["DistInfo", "init_distributed", "CudaUnavailableError", "EXPECT_CUDA_ENV", "cuda_expected", "check_cuda", "destroy_distributed", "launcher_world_size",
-           "all_gather_object", "broadcast_object", "barrier", "all_reduce_sum", "pad_to_busiest",
+           "all_gather_object", "broadcast_object", "barrier", "all_reduce_sum",
            "is_sharded", "shard_causal_lm", "final_state_dict", "load_sharded_causal_lm", "clip_grad_norm",
            "full_tensor", "split_for_rank", "rollout_group", "all_gather_strided", "broadcast_bytes_from",
            "cpu_threads", "usable_cpus", "set_cpu_threads"]
@@ -262,19 +262,6 @@ def all_reduce_sum(values: dict[str, float], world: int) -> dict[str, float]:
     t = torch.tensor([float(values.get(k, 0.0)) for k in keys], dtype=torch.float64)
     dist.all_reduce(t)
     return dict(zip(keys, t.tolist()))
-
-
-def pad_to_busiest(micro: list[list[int]], filler: list[int], world: int) -> int:
-    """Sharded forwards/backwards are collectives, so every rank must run as many micro-batches
-    as the busiest one: append ``filler`` passes (results to be dropped) up to the largest count
-    over all ranks. Returns how many of ``micro`` are real. A collective: every rank calls it."""
-    real = len(micro)
-    if world > 1:
-        import torch.distributed as dist
-        t = torch.tensor([real], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        micro.extend([filler] * (int(t.item()) - real))
-    return real
 
 
 def split_for_rank(n: int, rank: int, world: int) -> list[int]:

@@ -1,13 +1,29 @@
 """The trainer's view of a rollout batch: packing, forwards, per-token log-probs and masks.
 
 Every forward of the policy (old log-probs, the update, the reference model) goes through
-:func:`response_logits`, which packs prompts and responses so that each response starts at
-the same column. Notation as in dapo.algo: N sequences, P prompt columns, L response tokens,
-V vocabulary.
+:func:`response_forward`, in one of two layouts:
+
+- padded (:func:`pack`, :func:`response_logits`): one row per sequence, prompts left-padded and
+  responses right-padded so that each response starts at the same column;
+- packed (``train.packed``, :func:`pack_flat`): the sequences concatenated without padding
+  between them, position ids restarting at 0 per sequence and no attention mask. transformers
+  (5.x, ``masking_utils.find_packed_sequence_indices``) reads the restarts as sequence boundaries
+  and keeps attention causal within each sequence: a block-diagonal causal mask for
+  sdpa/eager/flex (built row by row, so rows as long as the longest sequence keep the dense
+  kernels' masked-out work no larger than padded rows'), ``cu_seqlens`` for flash-attention's
+  varlen kernels (one row: that path reads packed position ids only for a batch of one). Only the
+  columns that predict a response token go through the vocabulary projection.
+
+Either way the per-token results come back in the padded [n, L] layout (:class:`ResponseLogits`),
+so the loss code sees one layout. Micro-batches and their assignment to ranks:
+:func:`rank_micro_batches`. Notation as in dapo.algo: N sequences, P prompt columns, L response
+tokens, V vocabulary.
 """
 
 from __future__ import annotations
 
+import heapq
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -19,8 +35,10 @@ from dapo.config import Config
 if TYPE_CHECKING:
     from dapo.rollout import RolloutBatch
 
-__all__ = ["pack", "response_logits", "logit_temperature", "logit_options", "token_logprobs", "token_entropy", "length_sorted",
-           "micro_batches", "response_mask", "response_loss_mask", "single_step_on_policy", "old_logprobs"]
+__all__ = ["pack", "pack_flat", "response_logits", "ResponseLogits", "response_forward", "ROWWISE_ATTENTION", "filler_forward",
+           "logit_temperature", "logit_options", "token_logprobs", "token_entropy", "length_sorted", "micro_cost",
+           "micro_batches", "balance_by_tokens", "rank_micro_batches", "FILLER", "response_mask",
+           "response_loss_mask", "single_step_on_policy", "old_logprobs"]
 
 
 def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int, device):
@@ -59,6 +77,130 @@ def response_logits(model, prompt_ids, response_ids, pad_id, device, autocast: b
         logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False,
                        logits_to_keep=L + 1).logits
     return logits[:, :L], targets, resp_mask
+
+
+def pack_flat(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int, device,
+              row_len: Optional[int] = None):
+    """Concatenate the n sequences (prompt + response, no padding between them) into rows.
+
+    ``row_len`` None: one row. Else rows of at most max(row_len, longest sequence) tokens, filled
+    first-fit in decreasing length, each right-padded to the longest row (``pad_id``, positions
+    continuing: causal attention keeps every real token from seeing them).
+    Returns input_ids [R, W], position_ids [R, W] (0, 1, ... restarting at each sequence),
+    keep [U] (the columns whose logits are computed: every column that predicts a response token
+    in some row), targets [R, U], where = (r, u, i, j) [K] each: position (r, u) of [R, U] holds
+    response token j of sequence i (the padded [n, L] layout), resp_mask [n, L].
+    K = Σ max(r_i, 1): a sequence with an empty response keeps the position after its prompt
+    (target ``pad_id``, masked), as column 0 of the padded layout.
+    """
+    n = len(prompt_ids)
+    L = max(max((len(r) for r in response_ids), default=0), 1)
+    lens = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    cap = sum(lens) if row_len is None else max([row_len, *lens])
+    rows: list[list[int]] = []                                  # sequence indices per row
+    fill: list[int] = []
+    for i in sorted(range(n), key=lambda i: (-lens[i], i)):
+        if not prompt_ids[i]:
+            raise ValueError(f"pack_flat: sequence {i} has an empty prompt (a packed response needs the token before it)")
+        k = next((k for k, f in enumerate(fill) if f + lens[i] <= cap), len(rows))
+        if k == len(rows):
+            rows.append([])
+            fill.append(0)
+        rows[k].append(i)
+        fill[k] += lens[i]
+    W = max(fill, default=1)
+    ids = torch.full((len(rows), W), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(rows), W), dtype=torch.long)
+    need: list[tuple[int, int, int, int, int]] = []             # (r, column, i, j, target)
+    for r, row in enumerate(rows):
+        o = 0
+        for i in sorted(row):
+            p, resp = prompt_ids[i], response_ids[i]
+            ids[r, o:o + lens[i]] = torch.tensor(list(p) + list(resp), dtype=torch.long)
+            pos[r, o:o + lens[i]] = torch.arange(lens[i])
+            need += [(r, o + len(p) - 1 + j, i, j, resp[j] if resp else pad_id) for j in range(max(len(resp), 1))]
+            o += lens[i]
+        pos[r, o:] = lens[sorted(row)[-1]] + torch.arange(W - o)        # continuing the row's last sequence
+    keep = sorted({c for _, c, *_ in need})
+    u_of = {c: u for u, c in enumerate(keep)}
+    targets = torch.full((len(rows), len(keep)), pad_id, dtype=torch.long)
+    r_, u_, i_, j_ = ([x[0] for x in need], [u_of[x[1]] for x in need], [x[2] for x in need], [x[3] for x in need])
+    targets[r_, u_] = torch.tensor([x[4] for x in need], dtype=torch.long)
+    resp_mask = torch.zeros(n, L)
+    for i, resp in enumerate(response_ids):
+        resp_mask[i, :len(resp)] = 1.0
+
+    def t(x):
+        return torch.as_tensor(x, dtype=torch.long).to(device)
+    return (ids.to(device), pos.to(device), t(keep), targets.to(device), (t(r_), t(u_), t(i_), t(j_)),
+            resp_mask.to(device))
+
+
+@dataclass(frozen=True)
+class ResponseLogits:
+    """One forward's logits at the positions that predict response tokens.
+
+    Padded: logits [n, L, V], targets [n, L]. Packed: logits [R, U, V], targets [R, U] and ``where``
+    (see :func:`pack_flat`). resp_mask [n, L] either way. :meth:`logprobs` / :meth:`entropy` return
+    [n, L] float32 in both (0 where no position was computed, i.e. the padded layout's padding).
+    """
+    logits: torch.Tensor
+    targets: torch.Tensor
+    resp_mask: torch.Tensor
+    where: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = None
+
+    def layout(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-position values ([n, L] padded, [R, U] packed) -> [n, L] (differentiable)."""
+        if self.where is None:
+            return x
+        r, u, i, j = self.where
+        return x.new_zeros(self.resp_mask.shape).index_put((i, j), x[r, u])
+
+    def logprobs(self, temperature: float = 1.0, chunk_tokens: Optional[int] = None) -> torch.Tensor:
+        """log π(target) at each response position: [n, L] float32 (see `token_logprobs`)."""
+        return self.layout(token_logprobs(self.logits, self.targets, temperature, chunk_tokens))
+
+    def entropy(self, temperature: float = 1.0, chunk_tokens: Optional[int] = None) -> torch.Tensor:
+        """Entropy of π at each response position: [n, L] float32 (see `token_entropy`)."""
+        return self.layout(token_entropy(self.logits, temperature, chunk_tokens))
+
+
+#: Attention implementations whose masks transformers builds from packed position ids row by row
+#: (masking_utils): a packed micro-batch may use several rows. Any other (flash-attention's varlen
+#: path reads packed position ids only for a batch of one row) gets one row.
+ROWWISE_ATTENTION = ("sdpa", "eager", "flex_attention")
+
+
+def response_forward(model, prompt_ids, response_ids, pad_id, device, autocast: bool,
+                     packed: bool = False, one_row: Optional[bool] = None) -> ResponseLogits:
+    """The forward of n sequences in the padded (:func:`response_logits`) or packed (:func:`pack_flat`) layout.
+
+    Packed: ``attention_mask=None`` and position ids that restart per sequence, which is
+    transformers' packed-sequence input (block-causal attention per sequence, see the module doc).
+    ``one_row`` None: one row unless the model's attention is in :data:`ROWWISE_ATTENTION`; then
+    rows as long as the longest sequence, so the attention does no more work than padded rows
+    (a dense kernel computes the masked-out scores too: one long row would cost T² instead of
+    Σ rows · W²). ``logits_to_keep`` is the tensor of the columns that predict response tokens.
+    """
+    if not packed:
+        return ResponseLogits(*response_logits(model, prompt_ids, response_ids, pad_id, device, autocast))
+    if one_row is None:
+        config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)  # DDP: .module
+        one_row = getattr(config, "_attn_implementation", None) not in ROWWISE_ATTENTION
+    ids, pos, keep, targets, where, resp_mask = pack_flat(prompt_ids, response_ids, pad_id, device,
+                                                          row_len=None if one_row else 0)
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
+        logits = model(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False,
+                       logits_to_keep=keep).logits                                    # [R, U, V]
+    return ResponseLogits(logits, targets, resp_mask, where)
+
+
+def filler_forward(model, pad_id: int, device, autocast: bool) -> torch.Tensor:
+    """A one-token forward (input ``[[pad_id]]``): the pass a rank with no sequences left runs so
+    that a sharded model's collectives stay in step with the other ranks. Returns logits [1, 1, V]."""
+    ids = torch.full((1, 1), pad_id, dtype=torch.long, device=device)
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
+        return model(input_ids=ids, use_cache=False).logits
 
 
 def logit_temperature(cfg: Config) -> float:
@@ -124,29 +266,85 @@ def length_sorted(idx: list[int], batch: RolloutBatch) -> list[int]:
     return sorted(idx, key=lambda i: (-len(batch.response_ids[i]), -len(batch.prompt_ids[i]), i))
 
 
+def micro_cost(idx: list[int], batch: RolloutBatch, packed: bool = False) -> int:
+    """Tokens one forward of sequences ``idx`` processes: packed Σ (prompt + response); padded
+    n · (longest prompt + longest response, at least 1)."""
+    if not idx:
+        return 0
+    if packed:
+        return sum(len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in idx)
+    return len(idx) * (max(len(batch.prompt_ids[i]) for i in idx) + max(max(len(batch.response_ids[i]) for i in idx), 1))
+
+
 def micro_batches(idx: list[int], batch: RolloutBatch, cfg: Config) -> list[list[int]]:
     """Split ``idx`` (length-sorted, see `length_sorted`) into consecutive forward/backward micro-batches.
 
     ``train.max_tokens_per_micro_batch`` unset: ``train.micro_batch_seqs`` sequences each. Set: each
-    micro-batch takes sequences while its padded size n · (longest prompt + longest response) stays
-    within the budget (a sequence longer than the budget goes alone), so memory follows tokens, not
-    sequence counts, and length sorting keeps the padding small.
+    micro-batch takes sequences while its size (:func:`micro_cost`: padded n · (longest prompt +
+    longest response), or with ``train.packed`` the sum of the sequences' tokens) stays within the
+    budget (a sequence longer than the budget goes alone), so memory follows tokens, not sequence
+    counts, and length sorting keeps the padding small.
     """
     budget = cfg.train.max_tokens_per_micro_batch
     if budget is None:
         mb = cfg.train.micro_batch_seqs
         return [idx[s:s + mb] for s in range(0, len(idx), mb)]
+    packed = cfg.train.packed
     out: list[list[int]] = []
     cur: list[int] = []
-    P = L = 0                                  # the current micro-batch's padded prompt / response length
+    P = L = S = 0              # the current micro-batch's longest prompt / response, its token sum
     for i in idx:
         p, l = len(batch.prompt_ids[i]), max(len(batch.response_ids[i]), 1)
-        if cur and (len(cur) + 1) * (max(P, p) + max(L, l)) > budget:
+        size = S + p + len(batch.response_ids[i]) if packed else (len(cur) + 1) * (max(P, p) + max(L, l))
+        if cur and size > budget:
             out.append(cur)
-            cur, P, L = [], 0, 0
+            cur, P, L, S = [], 0, 0, 0
         cur.append(i)
-        P, L = max(P, p), max(L, l)
+        P, L, S = max(P, p), max(L, l), S + p + len(batch.response_ids[i])
     return out + [cur] if cur else out
+
+
+#: A micro-batch with no sequences: the rank runs :func:`filler_forward` (one token), results dropped.
+FILLER: list[int] = []
+
+
+def balance_by_tokens(idx: list[int], batch: RolloutBatch, world: int) -> list[list[int]]:
+    """Deal sequences ``idx`` to ``world`` ranks by tokens (prompt + response): longest first, each to
+    the rank with the fewest tokens so far (ties: the lower rank). Greedy LPT: no rank ends more
+    than one sequence above the mean load. Returns each rank's share, in dealing order."""
+    tokens = {i: len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in idx}
+    heap = [(0, r) for r in range(world)]
+    shares: list[list[int]] = [[] for _ in range(world)]
+    for i in sorted(idx, key=lambda i: (-tokens[i], i)):
+        load, r = heapq.heappop(heap)
+        shares[r].append(i)
+        heapq.heappush(heap, (load + tokens[i], r))
+    return shares
+
+
+def rank_micro_batches(idx: list[int], batch: RolloutBatch, cfg: Config, world: int) -> list[list[list[int]]]:
+    """Every rank's micro-batches of sequences ``idx``: ``out[rank]``, the same count M on every rank.
+
+    A pure function of the batch (identical on every rank, no collective): sequences are dealt by
+    tokens (:func:`balance_by_tokens`), each share is length-sorted and split by :func:`micro_batches`;
+    M is the largest count. A rank with fewer micro-batches halves its costliest one (of ≥ 2
+    sequences; :func:`micro_cost`) until it has M, so the ranks' k-th passes are of similar size
+    (sharded passes run in lockstep); one with fewer than M sequences ends with :data:`FILLER`
+    passes (one token each). With one rank: ``micro_batches(length_sorted(idx))``, as before.
+    """
+    packed = cfg.train.packed
+    plans = [micro_batches(length_sorted(share, batch), batch, cfg) for share in balance_by_tokens(idx, batch, world)]
+    M = max(len(m) for m in plans)
+    for micro in plans:
+        while len(micro) < M:
+            splittable = [k for k, mb in enumerate(micro) if len(mb) > 1]
+            if not splittable:
+                micro.extend([FILLER] * (M - len(micro)))
+                break
+            k = max(splittable, key=lambda k: (micro_cost(micro[k], batch, packed), -k))
+            mb = micro[k]
+            micro[k:k + 1] = [mb[:len(mb) // 2], mb[len(mb) // 2:]]
+    return plans
 
 
 def response_mask(batch: RolloutBatch) -> torch.Tensor:
@@ -192,12 +390,12 @@ def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, a
                  rank: int = 0, world: int = 1):
     """π_old log-probs and entropy of every response token, at the rollout temperature.
 
-    Returns logp [N, L], entropy [N, L], resp_mask [N, L] (padded to the batch's max L), the same
-    on every rank. With ``world`` > 1 each rank computes every ``world``-th sequence (of the
-    length-sorted order) and the rows are all-gathered; a rank with fewer micro-batches than the
-    busiest runs extra passes (results dropped), as a sharded model's forwards are collectives.
+    Returns logp [N, L], entropy [N, L], resp_mask [N, L] (padded to the batch's max L; 0 at padding
+    in the packed layout), the same on every rank. With ``world`` > 1 each rank computes its share
+    (:func:`rank_micro_batches`) and the rows are all-gathered; a rank's :data:`FILLER` passes
+    (one-token forwards, results dropped) keep a sharded model's collectives in step.
     """
-    from dapo.distributed import all_gather_object, pad_to_busiest
+    from dapo.distributed import all_gather_object
     N = len(batch.response_ids)
     L = max(max((len(r) for r in batch.response_ids), default=0), 1)
     logp = torch.zeros(N, L)
@@ -206,15 +404,14 @@ def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, a
     opts = logit_options(cfg)
     was_training = model.training
     model.eval()
-    micro = micro_batches(length_sorted(list(range(N)), batch)[rank::world], batch, cfg)
-    real = pad_to_busiest(micro, [0], world) if N else 0           # extra passes: results dropped
     rows = []
-    for k, idx in enumerate(micro):
-        logits, tgt, m = response_logits(model, [batch.prompt_ids[i] for i in idx],
-                                         [batch.response_ids[i] for i in idx], pad_id, device, autocast)
-        if k < real:
-            rows.append((idx, token_logprobs(logits, tgt, **opts).cpu(), token_entropy(logits, **opts).cpu(),
-                         m.cpu()))
+    for idx in rank_micro_batches(list(range(N)), batch, cfg, world)[rank]:
+        if idx == FILLER:
+            filler_forward(model, pad_id, device, autocast)
+            continue
+        fw = response_forward(model, [batch.prompt_ids[i] for i in idx], [batch.response_ids[i] for i in idx],
+                              pad_id, device, autocast, packed=cfg.train.packed)
+        rows.append((idx, fw.logprobs(**opts).cpu(), fw.entropy(**opts).cpu(), fw.resp_mask.cpu()))
     model.train(was_training)
     for part in all_gather_object(rows, world):
         for idx, lp, en, m in part:

@@ -20,8 +20,8 @@ import torch
 
 from dapo import algo
 from dapo.config import Config
-from dapo.distributed import clip_grad_norm, pad_to_busiest
-from dapo.logprobs import length_sorted, logit_options, micro_batches, response_logits, token_entropy, token_logprobs
+from dapo.distributed import clip_grad_norm
+from dapo.logprobs import FILLER, filler_forward, logit_options, rank_micro_batches, response_forward
 
 __all__ = ["Policy", "build_policy", "update_policy", "StepStats", "NonFiniteError", "mean_metrics",
            "old_policy_metrics", "bf16_autocast"]
@@ -181,8 +181,8 @@ def update_policy(policy: Policy, batch, old_logp: torch.Tensor | None, advantag
 
     old_logp, loss_mask: [N, L]; advantages: [N]. Groups are split into mini-batches of
     ``mini_batch_prompts`` groups (``ppo_epochs`` passes, shuffled by ``shuffle_seed``);
-    inside a mini-batch this rank takes every ``world``-th sequence and accumulates over
-    micro-batches. The loss of each micro-batch is divided by the token (or sequence: those
+    inside a mini-batch this rank takes its share, balanced by tokens (`dapo.logprobs.rank_micro_batches`),
+    and accumulates over micro-batches. The loss of each micro-batch is divided by the token (or sequence: those
     with ≥ 1 loss token, so overlong-filtered ones do not count) count of the whole
     mini-batch across ranks, so the summed gradient does not depend
     on how the step is split; DDP's averaging is undone by scaling with ``world``.
@@ -227,15 +227,15 @@ def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, los
     num_tokens = float(loss_mask[seqs].sum().item())                                   # whole mini-batch
     num_seqs = float((loss_mask[seqs].sum(-1) > 0).sum().item())                      # filtered rows excluded
     groups = group_counts(loss_mask, seqs, cfg.rollout.n) if cfg.algo.loss_agg == "group_token_mean" else None
-    mine = length_sorted(seqs[p.rank::p.world], batch)
     p.optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = defaultdict(float)
-    micro = micro_batches(mine, batch, cfg)
-    real = pad_to_busiest(micro, seqs[:1], p.world)     # extra passes (weight 0) keep sharded ranks in step
-    for k_micro, idx in enumerate(micro):
+    for idx in rank_micro_batches(seqs, batch, cfg, p.world)[p.rank]:   # as many passes on every rank
+        if idx == FILLER:
+            _filler_step(p)
+            continue
         totals = _micro_step(p, batch, idx, old_logp, advantages, loss_mask, cfg, num_tokens, num_seqs,
-                             weight=1.0 if k_micro < real else 0.0, groups=groups, pick=pick)
-        for k, v in (totals.items() if k_micro < real else ()):
+                             groups=groups, pick=pick)
+        for k, v in totals.items():
             sums[k] += v
     sums = _all_reduce_sum(dict(sums), p.world)
     grad_norm = clip_grad_norm(p.model.parameters(), cfg.train.grad_clip)   # global: over all shards and ranks
@@ -253,17 +253,27 @@ def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, los
                                skipped_step=0.0 if finite else 1.0)
 
 
+def _filler_step(p: Policy) -> None:
+    """A rank with no sequences left for this pass: a one-token forward (and π_ref's) + a zero
+    backward, so that sharded ranks run the same collectives; adds nothing to gradients or sums."""
+    logits = filler_forward(p.model, p.pad_id, p.device, p.autocast)
+    if p.ref_model is not None:
+        with torch.no_grad():
+            filler_forward(p.ref_model, p.pad_id, p.device, p.autocast)
+    (logits.float().sum() * 0.0).backward()
+
+
 def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mask, cfg: Config,
-                num_tokens: float, num_seqs: float, weight: float = 1.0, groups: Optional[dict] = None,
+                num_tokens: float, num_seqs: float, groups: Optional[dict] = None,
                 pick: Optional[torch.Generator] = None) -> dict[str, float]:
-    """Forward + backward of sequences ``idx``; returns their weighted totals (keys in SUM_KEYS).
-    ``weight=0``: a pass that only keeps sharded ranks in step (no gradient contribution).
+    """Forward + backward of sequences ``idx``; returns their totals (keys in SUM_KEYS).
     ``groups``: :func:`group_counts` of the mini-batch (``group_token_mean``); ``pick``: Clip-Cov's draws."""
     prompts, responses = [batch.prompt_ids[i] for i in idx], [batch.response_ids[i] for i in idx]
     opts = logit_options(cfg)                  # π = softmax(z / rollout.temperature), chunked over positions
-    logits, tgt, rmask = response_logits(p.model, prompts, responses, p.pad_id, p.device, p.autocast)
-    l = tgt.shape[1]
-    logp = token_logprobs(logits, tgt, **opts)                                         # [n, l]
+    fw = response_forward(p.model, prompts, responses, p.pad_id, p.device, p.autocast, packed=cfg.train.packed)
+    rmask = fw.resp_mask
+    l = rmask.shape[1]
+    logp = fw.logprobs(**opts)                                                         # [n, l]
     m = loss_mask[idx, :l].to(p.device)                                                # [n, l]
     old = logp.detach() if old_logp is None else old_logp[idx, :l].to(p.device)      # [n, l]
     agg, counts = cfg.algo.loss_agg, dict(num_tokens=num_tokens, num_seqs=num_seqs,   # whole mini-batch
@@ -279,19 +289,19 @@ def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mas
         met.pop("dual_clip_frac", None)        # logged only when the dual clip is on
     if cfg.algo.kl.coef > 0 and p.ref_model is not None:
         with torch.no_grad():
-            ref_logits, ref_tgt, _ = response_logits(p.ref_model, prompts, responses, p.pad_id, p.device, p.autocast)
-            ref_logp = token_logprobs(ref_logits, ref_tgt, **opts)
+            ref_logp = response_forward(p.ref_model, prompts, responses, p.pad_id, p.device, p.autocast,
+                                        packed=cfg.train.packed).logprobs(**opts)
         kl_term = algo.aggregate(algo.kl_penalty(logp, ref_logp, kind=cfg.algo.kl.estimator), m, agg, **counts)
         loss = loss + cfg.algo.kl.coef * kl_term
         met["kl"] = float(kl_term.detach()) * num_tokens / max(float(m.sum()), 1.0)
     if cfg.algo.entropy_coef > 0:
-        loss = loss - cfg.algo.entropy_coef * algo.aggregate(token_entropy(logits, **opts), m, agg, **counts)
-    (loss * (p.world * weight)).backward()   # × world: FSDP/DDP average the gradient over ranks
+        loss = loss - cfg.algo.entropy_coef * algo.aggregate(fw.entropy(**opts), m, agg, **counts)
+    (loss * p.world).backward()   # × world: FSDP/DDP average the gradient over ranks
     out = _totals(met, float(loss.detach()), float(m.sum()))
     if old_logp is None:   # on-policy single step: π_old = this very forward; its entropy and probability
         with torch.no_grad():
             rm = rmask.to(logp.dtype)
-            out.update(entropy=float((token_entropy(logits.detach(), **opts) * rm).sum()),
+            out.update(entropy=float((fw.entropy(**opts) * rm).sum()),
                        token_prob_mean=float((logp.detach().exp() * rm).sum()), resp_tokens=float(rm.sum()))
     return out
 

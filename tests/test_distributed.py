@@ -256,9 +256,9 @@ def _base_model() -> str:
 
 
 # fp32 throughout (no bf16 autocast), so 1 and 2 processes differ only by summation order. A KL term
-# (a sharded π_ref), gradient checkpointing and a token budget per micro-batch are on: with this
-# budget the two ranks' micro-batch counts differ in some steps (4 vs 5, 2 vs 3 when this was
-# written), so the weight-0 passes that keep sharded ranks in step are part of what is compared.
+# (a sharded π_ref), gradient checkpointing and a token budget per micro-batch are on: the ranks'
+# token-balanced shares split into different micro-batch counts, which dapo.logprobs.rank_micro_batches
+# evens out by halving micro-batches (one-token filler passes: tests/test_train.py's skewed 2-process test).
 TRAIN = ["experiments/tiny-dapo.yaml", "train.rollout_steps=2", "train.batch_prompts=4", "train.mini_batch_prompts=2",
          "train.micro_batch_seqs=4", "train.max_tokens_per_micro_batch=70", "model.gradient_checkpointing=true",
          "algo.kl.coef=0.01", "rollout.n=4", "eval.at_start=false", "eval.every=0",

@@ -136,10 +136,11 @@ def _random_batch(G=4, B=4, seed=0):
 
 
 def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0, budget=None, chunk=None, wrap=None, drop=(),
-                extra=None):
+                extra=None, batch=None, seen=None):
     """One optimizer step of a tiny policy on a fixed batch: (StepStats list, parameter deltas).
     ``wrap``: e.g. DistributedDataParallel, for the update to go through (rank ``rank`` of ``world``).
-    ``drop``: rows whose loss mask is zeroed (overlong-filtered responses); ``extra``: more config overrides."""
+    ``drop``: rows whose loss mask is zeroed (overlong-filtered responses); ``extra``: more config overrides;
+    ``batch``: instead of `_random_batch()`; ``seen``: a list that gets the token count of each forward of the update."""
     from dapo import algo
     cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4,
                   "train.micro_batch_seqs": micro, "algo.loss_agg": agg, "train.lr": 1e-2,
@@ -148,9 +149,11 @@ def _one_update(micro, world=1, rank=0, agg="token_mean", seed=0, budget=None, c
                   **({} if budget is None else {"train.max_tokens_per_micro_batch": budget}),
                   **({} if chunk is None else {"train.logits_chunk_tokens": chunk}), **(extra or {})})
     model = _tiny_policy(seed)
-    batch = _random_batch()
+    batch = _random_batch() if batch is None else batch
     old, _, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
     old = old - 0.05  # a stale policy, so ratios differ from 1 and clipping can act
+    if seen is not None:
+        model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].numel()), with_kwargs=True)
     mask[list(drop)] = 0.0
     adv = algo.group_advantages(batch.rewards).reshape(-1)
     trained = model if wrap is None else wrap(model)
@@ -453,30 +456,152 @@ def test_length_sorted_micro_batches_pad_less():
     assert lens == sorted(lens, reverse=True)
 
 
-def _dist_worker(rank, world, port, out_path):
+def _dist_worker(rank, world, port, out_path, skewed=False):
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
-    steps, delta = _one_update(2, world=world, rank=rank, wrap=torch.nn.parallel.DistributedDataParallel)
-    if rank == 0:
-        torch.save({"loss": steps[0].loss, "delta": delta}, out_path)
+    seen: list[int] = []
+    kw = dict(batch=_skewed_batch(), **SKEWED) if skewed else {}
+    steps, delta = _one_update(2, world=world, rank=rank, wrap=torch.nn.parallel.DistributedDataParallel,
+                               seen=seen, **kw)
+    torch.save({"loss": steps[0].loss, "grad_norm": steps[0].grad_norm, "metrics": steps[0].metrics(),
+                "delta": delta, "seen": seen}, f"{out_path}.rank{rank}")
     dist.destroy_process_group()
 
 
-def test_two_processes_give_the_same_update_as_one(tmp_path):
+def _two_processes(tmp_path, skewed=False) -> list[dict]:
     import socket
     import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "dist.pt"
-    mp.spawn(_dist_worker, args=(2, port, str(out)), nprocs=2, join=True)
-    two = torch.load(out)
+    mp.spawn(_dist_worker, args=(2, port, str(out), skewed), nprocs=2, join=True)
+    return [torch.load(f"{out}.rank{r}") for r in range(2)]
+
+
+def test_two_processes_give_the_same_update_as_one(tmp_path):
+    two = _two_processes(tmp_path)[0]
     ref_steps, ref_delta = _one_update(2)
     assert two["loss"] == pytest.approx(ref_steps[0].loss, rel=1e-5, abs=1e-7)
     for k in ref_delta:
         torch.testing.assert_close(two["delta"][k], ref_delta[k], rtol=1e-4, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- packed micro-batches, balanced ranks
+def _skewed_batch() -> RolloutBatch:
+    """4 groups of 4 on prompts of 2 tokens: one response of 56 tokens, the other 15 of 1 token
+    (58 tokens against 15 x 3 = 45: token balancing gives the long one a rank of its own)."""
+    g = torch.Generator().manual_seed(7)
+    prompts = [[3 + b, 4 + b] for b in range(4) for _ in range(4)]
+    resps = [torch.randint(3, 32, (56 if i == 0 else 1,), generator=g).tolist() for i in range(16)]
+    correct = torch.tensor([[True, False, True, False]] * 4)
+    return RolloutBatch(prompts, resps, torch.ones(16, dtype=torch.bool), correct, correct.float() * 2 - 1,
+                        torch.zeros(4, 4))
+
+
+# packed, 10 tokens per micro-batch: rank 1's 15 short sequences make 5 micro-batches (3 x 3 tokens each),
+# rank 0 has one sequence: 1 pass + 4 fillers
+SKEWED = {"extra": {"train.packed": "true"}, "budget": 10}
+
+
+def test_packed_logprobs_and_entropies_equal_the_padded_ones():
+    """16 packed sequences (an empty response among them) against 16 padded rows:
+    equal to 1e-6 in fp32 on every response token. The same row with an all-ones attention mask
+    (which turns transformers' packed-sequence detection off) attends across sequences and differs:
+    the equality is the block-causal attention, not a coincidence."""
+    from dapo.logprobs import ResponseLogits, pack_flat, response_forward
+    model = _tiny_policy(3).eval()
+    batch = _random_batch(seed=2)
+    batch.response_ids[5] = []
+    cpu = torch.device("cpu")
+    padded, packed = (old_logprobs(model, batch, _cfg(**{"train.mini_batch_prompts": 4, "train.batch_prompts": 4,
+                                                          "train.micro_batch_seqs": 16, "train.packed": v}),
+                                   0, cpu, False) for v in ("false", "true"))
+    mask = padded[2].bool()
+    assert mask.sum() == sum(len(r) for r in batch.response_ids) and torch.equal(packed[2], padded[2])
+    computed = mask.clone()
+    computed[5, 0] = True                    # the empty response's one position (target: pad), as padded column 0
+    for a, b in zip(packed[:2], padded[:2]):
+        torch.testing.assert_close(a[computed], b[computed], rtol=0, atol=1e-6)
+        assert float(a[~computed].abs().max()) == 0.0                   # packed: nothing computed at padding
+    # sdpa packs into rows as long as the longest sequence (here 5); one row (flash-attention's layout)
+    # and chunked log-probs agree too
+    rows = response_forward(model, batch.prompt_ids, batch.response_ids, 0, cpu, False, packed=True)
+    assert 1 < rows.logits.shape[0] < 16 and rows.logits.shape[1] <= max(map(len, batch.prompt_ids)) + 8
+    fw = response_forward(model, batch.prompt_ids, batch.response_ids, 0, cpu, False, packed=True, one_row=True)
+    assert fw.logits.shape[0] == 1
+    torch.testing.assert_close(fw.logprobs(chunk_tokens=5)[computed], padded[0][computed], rtol=0, atol=1e-6)
+    torch.testing.assert_close(fw.entropy()[computed], padded[1][computed], rtol=0, atol=1e-6)
+    ids, pos, keep, tgt, where, _ = pack_flat(batch.prompt_ids, batch.response_ids, 0, cpu)
+    assert ids.shape[1] == sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
+    with torch.no_grad():
+        leaky = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=pos,
+                      logits_to_keep=keep).logits.float().log_softmax(-1).gather(-1, tgt[..., None])[..., 0]
+    leaky = ResponseLogits(None, None, padded[2], where).layout(leaky)
+    assert float((leaky - padded[0])[mask].abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("micro,budget", [(16, None), (4, None), (16, 25)])
+def test_packed_update_equals_the_padded_one(micro, budget):
+    """One optimizer step, packed vs padded: loss, grad norm, every metric and the weight change."""
+    ref_steps, ref_delta = _one_update(micro, budget=budget, extra={"algo.entropy_coef": 0.01})
+    steps, delta = _one_update(micro, budget=budget, extra={"algo.entropy_coef": 0.01, "train.packed": "true"})
+    a, b = steps[0].metrics(), ref_steps[0].metrics()
+    assert a.keys() == b.keys()
+    for k in b:
+        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), k
+    for k in ref_delta:
+        torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
+
+
+def test_ranks_get_equal_tokens_and_as_many_passes_and_fillers_are_one_token():
+    from dapo.logprobs import FILLER, filler_forward, micro_cost, rank_micro_batches
+    g = torch.Generator().manual_seed(0)     # 64 responses, lengths heavy-tailed (a few 10x the median)
+    lens = [int(4 * 1.6 ** float(torch.rand(1, generator=g) * 8)) for _ in range(64)]
+    batch = RolloutBatch([[3, 4, 5]] * 64, [[7] * n for n in lens], torch.ones(64, dtype=torch.bool),
+                         torch.ones(16, 4, dtype=torch.bool), torch.ones(16, 4), torch.zeros(16, 4))
+    idx = list(range(64))
+    tok = lambda i: 3 + lens[i]
+    longest = max(tok(i) for i in idx)
+    for packed, budget in (("false", None), ("true", 200), ("false", 200)):
+        cfg = _cfg(**{"train.packed": packed, "train.micro_batch_seqs": 4,
+                      **({} if budget is None else {"train.max_tokens_per_micro_batch": budget})})
+        plan = rank_micro_batches(idx, batch, cfg, 4)
+        assert len({len(m) for m in plan}) == 1                                 # as many passes everywhere
+        assert sorted(i for m in plan for mb in m for i in mb) == idx           # every sequence once
+        loads = [sum(tok(i) for mb in m for i in mb) for m in plan]
+        assert max(loads) - min(loads) <= longest, loads                        # LPT: within one sequence
+        if budget:
+            assert all(len(mb) <= 1 or micro_cost(mb, batch, packed == "true") <= budget for m in plan for mb in m)
+    rr = [sum(tok(i) for i in sorted(idx, key=lambda i: -lens[i])[r::4]) for r in range(4)]   # the old deal
+    assert max(loads) - min(loads) < (max(rr) - min(rr)) / 4, (loads, rr)
+    # the skewed batch: rank 0 holds the long sequence and runs 4 fillers, each a forward of one token
+    skew = _skewed_batch()
+    plan = rank_micro_batches(list(range(16)), skew, _cfg(**{"train.packed": "true",
+                                                               "train.max_tokens_per_micro_batch": 10}), 2)
+    assert plan[0] == [[0], FILLER, FILLER, FILLER, FILLER] and len(plan[1]) == 5
+    seen = []
+    model = _tiny_policy(0)
+    model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape), with_kwargs=True)
+    assert filler_forward(model, 0, torch.device("cpu"), False).shape == (1, 1, 32) and seen == [(1, 1)]
+
+
+def test_two_processes_packed_with_filler_passes_equal_one_process(tmp_path):
+    """Skewed lengths, packed, a token budget: rank 0 runs its one sequence then 4 one-token fillers
+    while rank 1 runs 5 micro-batches; loss, grad norm, every metric and the weight change are those
+    of one process."""
+    r0, r1 = _two_processes(tmp_path, skewed=True)
+    assert r0["seen"] == [58, 1, 1, 1, 1] and r1["seen"] == [9] * 5
+    seen: list[int] = []
+    ref_steps, ref_delta = _one_update(2, batch=_skewed_batch(), seen=seen, **SKEWED)
+    assert seen == [58] + [9] * 5
+    for r in (r0, r1):
+        for k, v in ref_steps[0].metrics().items():
+            assert r["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+        for k in ref_delta:
+            torch.testing.assert_close(r["delta"][k], ref_delta[k], rtol=1e-4, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- end to end (real)
