@@ -112,9 +112,11 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
     """
     run_dir = Path(run_dir) if run_dir is not None else run_dir_for(cfg)
     main_rank = int(os.environ.get("RANK", "0") or 0) == 0
-    # RunDirBusy (another process trains here): nothing touched. USR2 (preemption): a checkpoint at the
-    # end of the rollout step, then the signal's previous handling (submitit: requeue), see dapo.preemption
-    with hold_run_dir(run_dir, enabled=main_rank), StepBoundarySignal() as preemption:
+    # RunDirBusy (another process trains here): nothing touched. USR2 (preemption) with
+    # checkpoint.on_preempt=step_boundary: a checkpoint at the end of the rollout step, then the signal's
+    # previous handling (submitit: requeue), see dapo.preemption; immediate: submitit's handling at once
+    boundary = StepBoundarySignal() if cfg.checkpoint.on_preempt == "step_boundary" else contextlib.nullcontext()
+    with hold_run_dir(run_dir, enabled=main_rank), boundary as preemption:
         try:
             return _train(cfg, run_dir, tags=tags, preemption=preemption)
         except BaseException as exc:

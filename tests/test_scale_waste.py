@@ -240,7 +240,8 @@ def test_usr2_mid_step_checkpoints_at_the_step_boundary_then_hands_the_signal_on
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     Tracker(uri, "dapo-lab", "warm-up")
     cfg = load_config(REPO / "experiments" / "tiny-random-smoke.yaml",
-                      [f"{k}={v}" for k, v in {**FAST, "output_dir": tmp_path, "logging.tracking_uri": uri}.items()])
+                      [f"{k}={v}" for k, v in {**FAST, "output_dir": tmp_path, "logging.tracking_uri": uri,
+                                                "checkpoint.on_preempt": "step_boundary"}.items()])
     run_dir, at = tmp_path / "run", {"step": 2}
     real_update = train_mod._update
 
