@@ -267,9 +267,9 @@ def store_problem(tracking_uri: str, timeout_s: float = 5.0) -> str | None:
 
     ``sqlite:///`` file: it exists and is an SQLite database (`dapo.store_checks.sqlite_file_problem`).
     A server or database: it answers within ``timeout_s`` (`dapo.store_checks.server_problem`)."""
-    from dapo.store_checks import server_problem, sqlite_file_problem
-    if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri[len("sqlite:///"):])
+    from dapo.store_checks import server_problem, sqlite_file_problem, sqlite_path
+    db = sqlite_path(tracking_uri)
+    if db is not None:
         if not db.exists() and not db.is_symlink():
             return f"no tracking store at {tracking_uri} ({db} does not exist)"
         problem = sqlite_file_problem(db, missing_ok=False)

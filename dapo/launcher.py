@@ -38,6 +38,7 @@ import submitit
 from dapo.config import ConfigError, build_config, to_dict
 from dapo.cluster import ClusterProfile, check_resources
 from dapo.preflight import finished_summary
+from dapo.store_checks import sqlite_path
 from dapo.sweep_spec import Job, Spec, arms, expand
 
 __all__ = ["RunJob", "accelerate_command", "train_command", "sbatch_parameters", "setup_lines", "submit", "status",
@@ -549,7 +550,8 @@ def _init_tracking(jobs: list[Job], profile: ClusterProfile) -> None:
     seen = set()
     for j in jobs:
         uri = job_tracking_uri(j, profile)
-        if not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).exists() or uri in seen:
+        db = sqlite_path(uri)
+        if db is None or db.exists() or uri in seen:
             continue
         seen.add(uri)
         from mlflow.tracking import MlflowClient

@@ -157,10 +157,10 @@ def check_store(uri: str, where: str, key: str = "logging.tracking_uri") -> None
     """Raise ConfigError unless the MLflow store behind ``uri`` can be used: an existing ``sqlite:///``
     file must be an SQLite database (a missing one is created by the run); a server or database URI must
     answer (:func:`dapo.tracking.check_server`, a few seconds at most)."""
-    from dapo.store_checks import SERVER_SCHEMES, scheme
+    from dapo.store_checks import SERVER_SCHEMES, scheme, sqlite_path
     from dapo.tracking import TrackingError, check_server, redact
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):])
+    db = sqlite_path(uri)
+    if db is not None:
         problem = sqlite_problem(db)
         if problem:
             raise ConfigError(f"{where}: {key} = {redact(uri)}: {problem}")

@@ -15,7 +15,7 @@ from pathlib import Path
 from dapo.yaml_io import redact
 
 __all__ = ["SQLITE_MAGIC", "SQLITE_HEADER_BYTES", "scheme", "sqlite_file_problem", "server_problem",
-           "SERVER_SCHEMES", "default_store_uri", "same_store"]
+           "SERVER_SCHEMES", "default_store_uri", "same_store", "sqlite_path"]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 SQLITE_HEADER_BYTES = 100          # an SQLite file's fixed header; a shorter non-empty file is damaged
@@ -31,6 +31,11 @@ def scheme(uri: str) -> str:
     return head.split("+")[0].lower()
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, else None."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
 def default_store_uri(output_dir: str | Path) -> str:
     """The store a run logs to without ``logging.tracking_uri``: ``sqlite:///<output_dir>/mlruns.db``
     (the directory made absolute; nothing is created)."""
@@ -39,8 +44,9 @@ def default_store_uri(output_dir: str | Path) -> str:
 
 def same_store(a: str, b: str) -> bool:
     """Whether two tracking URIs name one store (sqlite files compared as resolved paths)."""
-    if a.startswith("sqlite:///") and b.startswith("sqlite:///"):
-        return Path(a[len("sqlite:///"):]).resolve() == Path(b[len("sqlite:///"):]).resolve()
+    pa, pb = sqlite_path(a), sqlite_path(b)
+    if pa is not None and pb is not None:
+        return pa.resolve() == pb.resolve()
     return a.rstrip("/") == b.rstrip("/")
 
 

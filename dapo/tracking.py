@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from dapo import faults
-from dapo.store_checks import SERVER_SCHEMES, default_store_uri, scheme, server_problem
+from dapo.store_checks import SERVER_SCHEMES, default_store_uri, scheme, server_problem, sqlite_path
 from dapo.yaml_io import (PASSWORD_ENV_VAR, PASSWORD_FILE_VAR, password_refusal,  # the one place passwords
                           redact, uri_password)                                  # are found (config uses it)
 
@@ -115,10 +115,6 @@ def call_with_retry(fn: Callable[..., Any], *args: Any, what: str = "call", uri:
     raise AssertionError("unreachable")
 
 
-def _sqlite_path(uri: str) -> Path | None:
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
-
-
 @contextlib.contextmanager
 def store_lock(uri: str, timeout_s: float = 600.0) -> Iterator[None]:
     """Exclusive ``flock`` on ``<db>.lock`` for a ``sqlite:///`` store (no-op for others).
@@ -126,7 +122,7 @@ def store_lock(uri: str, timeout_s: float = 600.0) -> Iterator[None]:
     Held while a process creates the store (MLflow's schema migration is not safe to run
     from several processes at once), the experiment and its run.
     """
-    path = _sqlite_path(uri)
+    path = sqlite_path(uri)
     if path is None or not hasattr(os, "O_RDWR"):
         yield
         return
@@ -153,7 +149,7 @@ def artifact_location(uri: str, experiment: str) -> str | None:
     """Where a new experiment of a ``sqlite:///`` store keeps its artifacts: ``<store dir>/mlartifacts/
     <experiment>`` beside the database (MLflow's own default is ``./mlruns`` of the working directory,
     outside the output root). None for a server or database URI: the server decides."""
-    path = _sqlite_path(uri)
+    path = sqlite_path(uri)
     return (path.resolve().parent / "mlartifacts" / experiment).as_uri() if path is not None else None
 
 
@@ -315,7 +311,7 @@ class Tracker:
             # fail fast and clearly (a wrong password, no server) instead of inside MLflow's engine retries
             self._call(check_server, tracking_uri, what="reach the tracking server")
         from mlflow.tracking import MlflowClient
-        if _sqlite_path(tracking_uri) is not None:   # import outside the lock what opening the store needs
+        if sqlite_path(tracking_uri) is not None:   # import outside the lock what opening the store needs
             import mlflow.store.db.utils  # noqa: F401
             import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
         with store_lock(tracking_uri):
