@@ -264,6 +264,17 @@ def all_reduce_sum(values: dict[str, float], world: int) -> dict[str, float]:
     return dict(zip(keys, t.tolist()))
 
 
+def all_reduce_tensor_sum(t: torch.Tensor, world: int) -> torch.Tensor:
+    """The element-wise sum of a CPU tensor ``t`` over ranks (a copy; reduced in float64, so rows that
+    only one rank filled come back exactly; a CPU tensor takes the gloo side of the process group)."""
+    if world == 1:
+        return t
+    import torch.distributed as dist
+    out = t.detach().to(torch.float64).clone()
+    dist.all_reduce(out)
+    return out.to(t.dtype)
+
+
 def split_for_rank(n: int, rank: int, world: int) -> list[int]:
     """The global indices rank ``rank`` handles out of ``n``: ``rank, rank+world, ...``."""
     return list(range(rank, n, world))

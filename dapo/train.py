@@ -36,8 +36,8 @@ from dapo import algo, corrections, eval_records, faults
 from dapo.base_model import resolve_policy_path
 from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_final_model
 from dapo.config import Config, config_hash, flatten, to_dict
-from dapo.distributed import (barrier, broadcast_object, destroy_distributed, final_state_dict, init_distributed,
-                              set_cpu_threads)
+from dapo.distributed import (all_reduce_tensor_sum, barrier, broadcast_object, destroy_distributed,
+                              final_state_dict, init_distributed, set_cpu_threads)
 from dapo.evaluate import eval_seed, evaluate
 from dapo.logprobs import old_logprobs, response_loss_mask, response_mask, rollout_logprobs, single_step_on_policy
 from dapo.preemption import StepBoundarySignal
@@ -179,8 +179,12 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None,
         with timer("old_logprob"):
             mismatch.update(_lag_split(run, batch, old_lp, rollout_lp, resp_mask, r))   # staleness: kernel / lag
         # 6. μ optimizer steps (mini-batches × ppo_epochs), micro-batch accumulation: [μ] StepStats
+        own_lp = _own_logp_buffer(cfg, old_lp, rollout_lp, resp_mask)
         with timer("train"):
-            steps = _update(run, batch, old_lp, adv, loss_mask, r)
+            steps = _update(run, batch, old_lp, adv, loss_mask, r, own_logp=own_lp)
+        if own_lp is not None:   # one optimizer step, no π_old pass: π_old is the update's own first forward
+            own_lp = all_reduce_tensor_sum(own_lp, policy.world)
+            mismatch.update(corrections.mismatch_metrics(own_lp, rollout_lp, resp_mask))
         state["grad_step"] += len(steps)
         if run.lagged is not None:
             run.lagged.record(r, policy.module)
@@ -302,12 +306,20 @@ def _behaviour(cfg: Config, old_lp, rollout_lp, resp_mask, adv, loss_mask):
     return adv, loss_mask, corrections.mismatch_metrics(old_lp, rollout_lp, resp_mask, w, keep)
 
 
-def _update(run: Run, batch, old_lp, adv, loss_mask, r: int):
+def _own_logp_buffer(cfg: Config, old_lp, rollout_lp, resp_mask) -> torch.Tensor | None:
+    """[N, L] zeros for the update's own log-probs when π_old is that forward (no π_old pass) and the
+    engine returned log-probs, so ``mismatch/*`` exists in that mode too; else None."""
+    if old_lp is not None or rollout_lp is None or cfg.algo.old_logprobs == "rollout":
+        return None
+    return torch.zeros(resp_mask.shape, dtype=torch.float32)
+
+
+def _update(run: Run, batch, old_lp, adv, loss_mask, r: int, own_logp: torch.Tensor | None = None):
     """Step 6 with its fault hooks; ``train.nonfinite=stop`` ends the MLflow run with the reason."""
     try:
         with faults.during_update(run.policy.model, run.policy.optimizer, r):   # test hooks; inert otherwise
             return update_policy(run.policy, batch, old_lp, adv, loss_mask, run.cfg,
-                                 shuffle_seed=round_seed(run.cfg.train.seed, r, 0, salt=7))
+                                 shuffle_seed=round_seed(run.cfg.train.seed, r, 0, salt=7), own_logp=own_logp)
     except NonFiniteError as exc:
         if run.is_main:
             run.tracker.set_tags({"dapo.status": "failed", "dapo.error": f"rollout step {r}: {exc}"})

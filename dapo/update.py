@@ -101,8 +101,9 @@ def build_policy(cfg: Config, model_path, dist_info, pad_id: int) -> Policy:
 # =========================================================================== metrics
 def _stat(reduce: Optional[str] = None, per: Optional[str] = None, optional: bool = False):
     """A StepStats field. reduce: None (one value per step), "sum" (summed over micro-batches and
-    ranks) or "mean" (a weighted sum over micro-batches and ranks divided by the summed weight
-    ``per``). ``optional``: absent (None) unless some micro-batch computed it."""
+    ranks), "mean" (a weighted sum over micro-batches and ranks divided by the summed weight
+    ``per``) or "max" (the largest over micro-batches and ranks; over the optimizer steps of a rollout
+    step too, :func:`mean_metrics`). ``optional``: absent (None) unless some micro-batch computed it."""
     return field(default=None, metadata={"reduce": reduce, "per": per, "optional": optional})
 
 
@@ -117,6 +118,7 @@ class StepStats:
     clip_frac_low: float = _stat("mean", "tokens")         # tokens clipped at 1 − ε_low (A < 0)
     approx_kl: float = _stat("mean", "tokens")             # k3 estimate of KL(π_old ‖ π_θ)
     ratio_mean: float = _stat("mean", "tokens")
+    ratio_max: float = _stat("max")                        # largest π_θ/π_old over the loss tokens (0: none)
     up_clipped_prob_mean: float = _stat("mean", "up_clipped_count")   # π_θ of the tokens clipped high
     skipped_step: float = _stat()                          # 1: non-finite loss/gradient, step skipped
     kl: Optional[float] = _stat("mean", "tokens", optional=True)     # KL(π_θ ‖ π_ref), with algo.kl.coef > 0
@@ -146,7 +148,7 @@ class StepStats:
         out = dict(values)
         for f in fields(cls):
             reduce, per = f.metadata["reduce"], f.metadata["per"]
-            if reduce == "sum":
+            if reduce in ("sum", "max"):
                 out[f.name] = sums.get(f.name, 0.0)
             elif reduce == "mean" and (not f.metadata["optional"] or f.name in sums):
                 out[f.name] = sums.get(f.name, 0.0) / max(sums.get(per, 0.0), 1.0)
@@ -155,16 +157,20 @@ class StepStats:
 
 _FIELDS = tuple(f.name for f in fields(StepStats))
 # what micro-batches add up (and ranks all-reduce): the summed/averaged fields and the weights
-SUM_KEYS = tuple(sorted({f.name for f in fields(StepStats) if f.metadata["reduce"]}
+SUM_KEYS = tuple(sorted({f.name for f in fields(StepStats) if f.metadata["reduce"] in ("sum", "mean")}
                         | {f.metadata["per"] for f in fields(StepStats) if f.metadata["per"]}))
+# what micro-batches and ranks reduce by their maximum
+MAX_KEYS = tuple(sorted(f.name for f in fields(StepStats) if f.metadata["reduce"] == "max"))
 
 
 def mean_metrics(steps: list[StepStats]) -> dict[str, float]:
-    """Each metric's mean over the optimizer steps of one rollout step."""
+    """Each metric over the optimizer steps of one rollout step: the mean, or for a "max" field
+    (``ratio_max``) the largest."""
     ds = [s.metrics() for s in steps]
     if not ds:
         return {}
-    return {k: float(np.mean([d[k] for d in ds if k in d])) for k in ds[0]}
+    top = {StepStats.metric(k) for k in MAX_KEYS}
+    return {k: float((np.max if k in top else np.mean)([d[k] for d in ds if k in d])) for k in ds[0]}
 
 
 def old_policy_metrics(old_logp: torch.Tensor, entropy: torch.Tensor, resp_mask: torch.Tensor) -> dict[str, float]:
@@ -176,7 +182,8 @@ def old_policy_metrics(old_logp: torch.Tensor, entropy: torch.Tensor, resp_mask:
 
 # =========================================================================== the update
 def update_policy(policy: Policy, batch, old_logp: torch.Tensor | None, advantages: torch.Tensor,
-                  loss_mask: torch.Tensor, cfg: Config, shuffle_seed: int = 0) -> list[StepStats]:
+                  loss_mask: torch.Tensor, cfg: Config, shuffle_seed: int = 0,
+                  own_logp: torch.Tensor | None = None) -> list[StepStats]:
     """Several optimizer steps over one rollout batch; returns one StepStats per step.
 
     old_logp, loss_mask: [N, L]; advantages: [N]. Groups are split into mini-batches of
@@ -189,7 +196,9 @@ def update_policy(policy: Policy, batch, old_logp: torch.Tensor | None, advantag
 
     ``old_logp=None`` (only when `single_step_on_policy`): π_old is the current policy, so the
     update's own log-probs, detached, stand in for it; each step's stats then also carry
-    ``entropy`` and ``token_prob_mean`` over the response tokens.
+    ``entropy`` and ``token_prob_mean`` over the response tokens. ``own_logp`` ([N, L], zeros; only with
+    ``old_logp=None``): this rank's rows of that forward are written into it (the others stay 0), so
+    the caller can compare π_old with π_rollout after the update (`dapo.train`, mismatch metrics).
     """
     G, Bk, mbp = cfg.rollout.n, batch.num_groups, cfg.train.mini_batch_prompts
     gen = torch.Generator().manual_seed(shuffle_seed)
@@ -199,7 +208,7 @@ def update_policy(policy: Policy, batch, old_logp: torch.Tensor | None, advantag
         order = torch.randperm(Bk, generator=gen).tolist()
         for s in range(0, Bk, mbp):
             seqs = [b * G + g for b in order[s:s + mbp] for g in range(G)]            # global indices
-            out.append(_optimizer_step(policy, batch, seqs, old_logp, advantages, loss_mask, cfg, pick))
+            out.append(_optimizer_step(policy, batch, seqs, old_logp, advantages, loss_mask, cfg, pick, own_logp))
     return out
 
 
@@ -222,7 +231,7 @@ def group_counts(loss_mask: torch.Tensor, seqs: list[int], G: int) -> dict[str, 
 
 
 def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, loss_mask, cfg: Config,
-                    pick: Optional[torch.Generator] = None) -> StepStats:
+                    pick: Optional[torch.Generator] = None, own_logp: Optional[torch.Tensor] = None) -> StepStats:
     """One mini-batch (sequences ``seqs``, all ranks together) → gradient accumulation → clip → AdamW."""
     num_tokens = float(loss_mask[seqs].sum().item())                                   # whole mini-batch
     num_seqs = float((loss_mask[seqs].sum(-1) > 0).sum().item())                      # filtered rows excluded
@@ -234,10 +243,10 @@ def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, los
             _filler_step(p)
             continue
         totals = _micro_step(p, batch, idx, old_logp, advantages, loss_mask, cfg, num_tokens, num_seqs,
-                             groups=groups, pick=pick)
+                             groups=groups, pick=pick, own_logp=own_logp)
         for k, v in totals.items():
-            sums[k] += v
-    sums = _all_reduce_sum(dict(sums), p.world)
+            sums[k] = max(sums[k], v) if k in MAX_KEYS else sums[k] + v
+    sums = _all_reduce_totals(dict(sums), p.world)
     grad_norm = clip_grad_norm(p.model.parameters(), cfg.train.grad_clip)   # global: over all shards and ranks
     finite = math.isfinite(float(grad_norm)) and math.isfinite(sums.get("loss", 0.0))
     if finite:
@@ -265,9 +274,10 @@ def _filler_step(p: Policy) -> None:
 
 def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mask, cfg: Config,
                 num_tokens: float, num_seqs: float, groups: Optional[dict] = None,
-                pick: Optional[torch.Generator] = None) -> dict[str, float]:
-    """Forward + backward of sequences ``idx``; returns their totals (keys in SUM_KEYS).
-    ``groups``: :func:`group_counts` of the mini-batch (``group_token_mean``); ``pick``: Clip-Cov's draws."""
+                pick: Optional[torch.Generator] = None, own_logp: Optional[torch.Tensor] = None) -> dict[str, float]:
+    """Forward + backward of sequences ``idx``; returns their totals (keys in SUM_KEYS, MAX_KEYS).
+    ``groups``: :func:`group_counts` of the mini-batch (``group_token_mean``); ``pick``: Clip-Cov's draws;
+    ``own_logp``: with ``old_logp=None``, receives this forward's log-probs in rows ``idx`` (:func:`update_policy`)."""
     prompts, responses = [batch.prompt_ids[i] for i in idx], [batch.response_ids[i] for i in idx]
     opts = logit_options(cfg)                  # π = softmax(z / rollout.temperature), chunked over positions
     fw = response_forward(p.model, prompts, responses, p.pad_id, p.device, p.autocast, packed=cfg.train.packed)
@@ -276,6 +286,8 @@ def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mas
     logp = fw.logprobs(**opts)                                                         # [n, l]
     m = loss_mask[idx, :l].to(p.device)                                                # [n, l]
     old = logp.detach() if old_logp is None else old_logp[idx, :l].to(p.device)      # [n, l]
+    if old_logp is None and own_logp is not None:
+        own_logp[idx, :l] = old.float().cpu() * rmask.cpu()
     agg, counts = cfg.algo.loss_agg, dict(num_tokens=num_tokens, num_seqs=num_seqs,   # whole mini-batch
                                           norm_const=cfg.rollout.max_new_tokens)   # C of seq_mean_token_sum_const
     if groups is not None:                                                             # group_token_mean: T_g, K
@@ -307,21 +319,26 @@ def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mas
 
 
 def _totals(met: dict[str, float], loss: float, w: float) -> dict[str, float]:
-    """One micro-batch's contribution to the step's sums: each "mean" StepStats field times its weight
-    (w = loss tokens, or the clipped-token count)."""
+    """One micro-batch's contribution to the step's totals: each "mean" StepStats field times its weight
+    (w = loss tokens, or the clipped-token count); each "max" field as it is."""
     out = {"loss": loss, "tokens": w, "up_clipped_count": met["up_clipped_count"]}
     for f in fields(StepStats):
         per = f.metadata["per"]
         if per in ("tokens", "up_clipped_count") and f.name in met:
             out[f.name] = met[f.name] * (w if per == "tokens" else met[per])
+        elif f.metadata["reduce"] == "max" and f.name in met:
+            out[f.name] = met[f.name]
     return out
 
 
-def _all_reduce_sum(d: dict[str, float], world: int) -> dict[str, float]:
-    """Sum the totals over ranks (keys: SUM_KEYS; a key any rank has is kept)."""
+def _all_reduce_totals(d: dict[str, float], world: int) -> dict[str, float]:
+    """Reduce the totals over ranks: SUM_KEYS summed, MAX_KEYS by their maximum (a key any rank has is kept)."""
     if world == 1:
         return d
     import torch.distributed as dist
-    t = torch.tensor([d.get(k, 0.0) for k in SUM_KEYS], dtype=torch.float64)
-    dist.all_reduce(t)
-    return {k: float(v) for k, v in zip(SUM_KEYS, t.tolist()) if k in d or float(v) != 0.0}
+    out = {}
+    for keys, op in ((SUM_KEYS, dist.ReduceOp.SUM), (MAX_KEYS, dist.ReduceOp.MAX)):
+        t = torch.tensor([d.get(k, 0.0) for k in keys], dtype=torch.float64)
+        dist.all_reduce(t, op=op)
+        out.update({k: float(v) for k, v in zip(keys, t.tolist()) if k in d or float(v) != 0.0})
+    return out

@@ -121,7 +121,9 @@ def test_the_hf_engine_returns_the_trainers_log_probs_in_fp32(temperature, top_p
 @pytest.mark.slow
 def test_a_run_with_a_correction_logs_the_mismatch_and_bypass_runs(tmp_path):
     """tiny-random-smoke on the transformers engine, fp32 on both sides: the token TIS run logs
-    mismatch/* every step with weights 1 to 1e-4; a bypass run (pi_old := pi_rollout) finishes (~60 s)."""
+    mismatch/* every step with weights 1 to 1e-4; so does a run with one optimizer step per rollout and
+    no correction (no pi_old pass: the update's own forward is compared); a bypass run (pi_old :=
+    pi_rollout) finishes and logs none (~90 s)."""
     import json
     import os
     import subprocess
@@ -131,11 +133,13 @@ def test_a_run_with_a_correction_logs_the_mismatch_and_bypass_runs(tmp_path):
     from mlflow.tracking import MlflowClient
     repo = Path(__file__).resolve().parents[1]
     tiny = ["rollout.engine=hf", "rollout.n=2", "rollout.max_new_tokens=4", "train.batch_prompts=2",
-            "train.mini_batch_prompts=1", "train.micro_batch_seqs=2", "train.threads=1", "eval.every=0",
+            "train.micro_batch_seqs=2", "train.threads=1", "eval.every=0",
             "eval.at_start=false", "data.train_limit=16", "logging.progress=false", "train.rollout_steps=2"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    for name, extra in (("tis", ["algo.rollout_correction.mode=tis", "model.autocast_bf16=false"]),
-                        ("bypass", ["algo.old_logprobs=rollout"])):
+    for name, extra in (("tis", ["algo.rollout_correction.mode=tis", "model.autocast_bf16=false",
+                                 "train.mini_batch_prompts=1"]),
+                        ("single", ["train.mini_batch_prompts=2", "model.autocast_bf16=false"]),
+                        ("bypass", ["algo.old_logprobs=rollout", "train.mini_batch_prompts=1"])):
         out = tmp_path / name
         p = subprocess.run([sys.executable, "-m", "dapo.cli", "train", "experiments/tiny-random-smoke.yaml", *tiny,
                             *extra, f"output_dir={out}", f"logging.tracking_uri=sqlite:///{out / 'mlruns.db'}",
@@ -149,5 +153,9 @@ def test_a_run_with_a_correction_logs_the_mismatch_and_bypass_runs(tmp_path):
             for key in ("mismatch/k3", "mismatch/abs_diff_max", "mismatch/is_weight_mean", "mismatch/ess"):
                 assert len(client.get_metric_history(summary["mlflow_run_id"], key)) == 2, key
             assert abs(metrics["mismatch/is_weight_mean"] - 1) < 1e-4 and metrics["mismatch/abs_diff_max"] < 1e-4
+        elif name == "single":
+            assert len(client.get_metric_history(summary["mlflow_run_id"], "mismatch/k3")) == 2
+            assert metrics["mismatch/abs_diff_max"] < 1e-4 and "mismatch/is_weight_mean" not in metrics
+            assert "train/entropy" in metrics                        # the mode ran: no separate pi_old pass
         else:
             assert not any(k.startswith("mismatch/") for k in metrics)   # one policy: nothing to compare

@@ -321,8 +321,11 @@ def _on_policy_update(use_none: bool, micro: int = 4):
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    own = torch.zeros(mask.shape) if use_none else None
     steps = update_policy(Policy(model, opt, sched, torch.device("cpu")), batch, None if use_none else old,
-                          adv, mask, cfg)
+                          adv, mask, cfg, own_logp=own)
+    if use_none:   # the update's own forward, recorded for the mismatch metrics, is π_old's
+        torch.testing.assert_close(own, old * mask, rtol=1e-5, atol=1e-6)
     delta = {k: (model.state_dict()[k] - before[k]) for k in before}
     return steps, delta, float((ent * mask).sum() / mask.sum()), float((old.exp() * mask).sum() / mask.sum())
 
@@ -345,6 +348,31 @@ def test_single_step_on_policy_skips_old_logprobs_with_the_same_update():
         for k in ref_delta:
             torch.testing.assert_close(delta[k], ref_delta[k], rtol=1e-4, atol=1e-6)
         assert any(float(d.abs().max()) > 0 for d in delta.values())
+
+
+@pytest.mark.parametrize("micro", [1, 2, 8])
+def test_ratio_max_is_the_largest_ratio_whatever_the_micro_batches(micro):
+    """train/ratio_max: π_old shifted down by δ per token (π_θ unchanged, lr 0) makes r = e^δ; the largest
+    over the loss tokens, e^0.7 here, whatever the micro-batch split; 2 optimizer steps of a rollout
+    step log their max (e^0.7), not their mean, while ratio_mean is the mean."""
+    from dapo import algo
+    from dapo.update import mean_metrics
+    ov = {"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 2, "train.micro_batch_seqs": micro,
+          "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false"}
+    model, batch = _tiny_policy(2), _random_batch(seed=4)
+    old, _, mask = old_logprobs(model, batch, _cfg(**ov), 0, torch.device("cpu"), False)
+    delta = torch.zeros_like(old)
+    delta[0, 0], delta[9, 1] = 0.3, 0.7                 # row 0 in the groups of one step, row 9 in the other's
+    assert mask[0, 0] and mask[9, 1]
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    steps = update_policy(Policy(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+                                 torch.device("cpu")), batch, old - delta,
+                          algo.group_advantages(batch.rewards).reshape(-1), mask, _cfg(**ov))
+    assert len(steps) == 2
+    assert sorted(s.ratio_max for s in steps) == pytest.approx([math.exp(0.3), math.exp(0.7)], rel=1e-5)
+    logged = mean_metrics(steps)
+    assert logged["train/ratio_max"] == pytest.approx(math.exp(0.7), rel=1e-5)
+    assert logged["train/ratio_mean"] == pytest.approx((steps[0].ratio_mean + steps[1].ratio_mean) / 2)
 
 
 class FixedLogits(torch.nn.Module):
