@@ -349,7 +349,8 @@ def run_eval(cfg, target: Target, request: dict[str, Any], out: Path) -> dict[st
                 if target.checkpoint is not None or cfg.rollout.engine == "vllm":
                     push_weights(policy, engine)
             recs = sample_records(engine, name.replace("/", "_"), examples[lo:hi], prompt_tokens, spec,
-                                  seeds=seeds[lo:hi] if seeds is not None else None)
+                                  seeds=seeds[lo:hi] if seeds is not None else None,
+                                  rank=policy.rank, world=policy.world)
             for rec in recs:
                 rec.update(step=target.step, grad_step=grad_step if target.run_dir else None)
             if policy.rank == 0:

@@ -28,6 +28,22 @@ def _judge(ex, comps) -> tuple[list[bool], list[str | None]]:
     return [scorer(c.text, ex.answer) > 0 for c in comps], [extract_answer(c.text) for c in comps]
 
 
+def _judge_round(examples: list, outs: list[list[Any]], rank: int = 0,
+                 world: int = 1) -> list[tuple[list[bool], list[str | None]]]:
+    """:func:`_judge` of every problem of a round, judged ONCE over the ranks: rank r judges problems
+    r, r + world, ... and the verdicts are gathered, so every rank returns the same [P] list (as the
+    rollout's `dapo.rollout.score_round`; a scorer with a wall-clock limit cannot make ranks disagree).
+    A collective with ``world`` > 1: every rank calls it with the same round."""
+    if world == 1:
+        return [_judge(ex, comps) for ex, comps in zip(examples, outs)]
+    from dapo.distributed import all_gather_object, rollout_group, split_for_rank
+    mine = {i: _judge(examples[i], outs[i]) for i in split_for_rank(len(outs), rank, world)}
+    merged: dict[int, tuple[list[bool], list[str | None]]] = {}
+    for part in all_gather_object(mine, world, group=rollout_group()):
+        merged.update(part)
+    return [merged[i] for i in range(len(outs))]
+
+
 def _scores(corr: list[bool], answers: list[str | None]) -> tuple[float, float, float]:
     k = len(corr)
     return algo.avg_at_k(corr), algo.pass_at_k(k, sum(corr), k), algo.cons_at_k(answers, corr)
@@ -53,15 +69,16 @@ def sampling_spec(cfg: Config, seed: int | None):
 
 
 def sample_records(engine, set_name: str, examples: list, prompt_tokens, spec,
-                   seeds: list[int] | None = None) -> list[dict[str, Any]]:
+                   seeds: list[int] | None = None, *, rank: int = 0, world: int = 1) -> list[dict[str, Any]]:
     """``spec.n`` samples of each example as records (:mod:`dapo.eval_records`; ``step`` and
-    ``grad_step`` null), problem-major, scored by each problem's scorer. ``seeds``: one per
-    example, overriding the ones the engine derives from ``spec.seed`` (a slice of a longer call's)."""
+    ``grad_step`` null), problem-major, scored by each problem's scorer (each problem on one of the
+    ``world`` ranks, :func:`_judge_round`). ``seeds``: one per example, overriding the ones the engine
+    derives from ``spec.seed`` (a slice of a longer call's)."""
     prompts = [prompt_tokens[example_key(ex)] for ex in examples]                               # [P]
     outs = engine.generate(prompts, spec, seeds=seeds) if seeds is not None else generate_round(engine, prompts, spec)
     records = []
-    for ex, ids, comps in zip(examples, prompts, outs):                                       # [P][k]
-        corr, answers = _judge(ex, comps)
+    for ex, ids, comps, (corr, answers) in zip(examples, prompts, outs,
+                                               _judge_round(examples, outs, rank, world)):     # [P][k]
         records += [make_record(set=set_name, problem=problem_id(example_key(ex)), sample=j, seed=spec.seed,
                                 prompt_hash=prompt_hash(ids), answer=answers[j], correct=corr[j],
                                 length=len(c.token_ids), finished=bool(c.finished), response=c.text)
@@ -89,20 +106,21 @@ def set_metrics(set_name: str, records: list[dict[str, Any]], k: int) -> dict[st
 
 
 def evaluate(engine, eval_sets: dict[str, list], prompt_tokens, cfg: Config,
-             seed: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+             seed: int, *, rank: int = 0, world: int = 1) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """avg@k, pass@k, cons@k and the mean response length per eval set, from k samples per problem;
     and the k·P records of each set, one per sample (``step`` and ``grad_step`` left null for the caller).
 
     avg@k = mean correctness over all k·P samples; pass@k = fraction of problems with at
     least one correct sample; cons@k = mean over problems of the majority-vote answer's
-    correctness (ties: the mean over the tied answers, ``algo.cons_at_k``).
+    correctness (ties: the mean over the tied answers, ``algo.cons_at_k``). With ``world`` > 1 a
+    collective: every rank calls it; each scores its share of the problems.
     """
     spec = sampling_spec(cfg, seed)
     out: dict[str, float] = {}
     records: list[dict[str, Any]] = []
     for name, examples in eval_sets.items():
         short = name.replace("/", "_")
-        recs = sample_records(engine, short, examples, prompt_tokens, spec)
+        recs = sample_records(engine, short, examples, prompt_tokens, spec, rank=rank, world=world)
         out.update(set_metrics(short, recs, spec.n))
         records += recs
     return out, records

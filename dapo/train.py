@@ -331,7 +331,7 @@ def _evaluate(run: Run, r: int) -> dict[str, float]:
     """avg/pass/cons@k on every eval set; every rank calls it (generation is split over the ranks);
     rank 0 keeps the per-sample records."""
     ev, records = evaluate(run.engine, run.eval_sets, run.prompt_tokens, run.cfg,
-                           seed=eval_seed(run.cfg.train.seed, r))
+                           seed=eval_seed(run.cfg.train.seed, r), rank=run.policy.rank, world=run.policy.world)
     if run.is_main:
         _save_eval_records(run, r, records)
     return ev

@@ -104,7 +104,7 @@ SCRIPT = {0: ["7", "7", "7", "3"], 1: ["3", "7", "3", "7"], 2: ["1", "2", None, 
           3: [None, None, None, None], 4: ["5", "7", "5", None], 5: ["7", "7", "7", "7"]}
 
 
-def _evaluate():
+def _evaluate(rank: int = 0, world: int = 1):
     from dapo.config import load_config
     from dapo.data import Example
     from dapo.evaluate import evaluate
@@ -114,7 +114,7 @@ def _evaluate():
     tokens = {("arith-eval", i): [i, 100 + i] for i in range(5)} | {("other.jsonl", 0): [5, 9]}
     cfg = load_config(None, ["eval.k=4"])
     engine = ScriptedEngine({i: [_ans(a) for a in answers] for i, answers in SCRIPT.items()})
-    return evaluate(engine, sets, tokens, cfg, seed=123)
+    return evaluate(engine, sets, tokens, cfg, seed=123, rank=rank, world=world)
 
 
 def test_evaluate_returns_records_that_agree_with_its_aggregates():
@@ -143,6 +143,42 @@ def test_evaluate_returns_records_that_agree_with_its_aggregates():
     assert [r["finished"] for r in p2] == [True, True, False, True] and [r["length"] for r in p2] == [2, 3, 4, 5]
     assert p2[3]["response"] == "steps\nAnswer: 7" and p2[0]["prompt_hash"] == prompt_hash([2, 102])
     assert {r["seed"] for r in recs} == {123} and {r["step"] for r in recs} == {None}
+
+
+def _eval_worker(rank, world, port, out_path):
+    """One rank of a 2-process evaluate on gloo: the records, the metrics and the problems it judged."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from dapo import evaluate as ev
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    judged, judge = [], ev._judge
+    ev._judge = lambda ex, comps: (judged.append(ex.prompt), judge(ex, comps))[1]
+    metrics, recs = _evaluate(rank=rank, world=world)
+    torch.save({"metrics": metrics, "records": recs, "judged": judged}, f"{out_path}.rank{rank}")
+    dist.destroy_process_group()
+
+
+def test_two_processes_judge_each_problem_once_and_agree_with_one(tmp_path):
+    """evaluate on 2 ranks: every rank returns the one-process records and metrics, and each problem
+    was judged (scored, its answers extracted) on exactly one rank."""
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_eval_worker, args=(2, port, str(tmp_path / "ev")), nprocs=2, join=True)
+    ranks = [torch.load(f"{tmp_path / 'ev'}.rank{r}") for r in range(2)]
+    metrics, recs = _evaluate()
+    for r in ranks:
+        assert r["metrics"] == metrics and r["records"] == recs
+    assert sorted(ranks[0]["judged"] + ranks[1]["judged"]) == sorted(f"q{i}" for i in range(6))
+    assert ranks[0]["judged"] and ranks[1]["judged"]
 
 
 def test_records_survive_the_file_and_recompute_the_metrics(tmp_path):
