@@ -85,13 +85,12 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: torch.nn.Mo
 
     Refuses (CheckpointError) to write non-finite weights. A sharded model: every rank
     calls this (see the module docstring). ``extra``: more tensors to keep with the optimizer state
-    (one process only; :func:`load_extra` reads them back), e.g. the lagged weights of ``train.staleness``.
+    (:func:`load_extra` reads them back), e.g. the lagged weights of ``train.staleness``; a sharded
+    model's ranks each keep their own (their shards), read back only by as many ranks.
     """
-    if extra and _sharded(model):
-        raise CheckpointError("extra checkpoint tensors are for one-process runs only")
     if _sharded(model):
         return _save_sharded(Path(run_dir), step, model=model, optimizer=optimizer, scheduler=scheduler,
-                             state=state, keep_last=keep_last)
+                             state=state, keep_last=keep_last, extra=extra)
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
@@ -149,8 +148,9 @@ def _rotate(root: Path, keep_last: int) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
-def _save_sharded(run_dir: Path, step: int, *, model, optimizer, scheduler, state, keep_last: int) -> Path:
-    """Every rank: its model/optimizer shards (DCP) and RNG; rank 0: scheduler, state, publish."""
+def _save_sharded(run_dir: Path, step: int, *, model, optimizer, scheduler, state, keep_last: int,
+                  extra: dict[str, Any] | None = None) -> Path:
+    """Every rank: its model/optimizer shards (DCP), its RNG and its ``extra``; rank 0: scheduler, state, publish."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -179,7 +179,8 @@ def _save_sharded(run_dir: Path, step: int, *, model, optimizer, scheduler, stat
             msd, osd = get_state_dict(model, optimizer)
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDS))   # a collective
             faults.kill_point("KILL_IN_CHECKPOINT", step)   # test hook: die with the checkpoint half written
-            torch.save({"rng": rng_state()}, tmp / f"rng_rank{rank}.pt")
+            torch.save({"rng": rng_state(), **({"extra": extra, "world": world} if extra else {})},
+                       tmp / f"rng_rank{rank}.pt")
             if rank == 0:
                 torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None},
                            tmp / "extra.pt")
@@ -277,8 +278,21 @@ def load_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module,
 
 
 def load_extra(path: str | os.PathLike) -> dict[str, Any]:
-    """The ``extra`` tensors :func:`save_checkpoint` kept with checkpoint ``path`` ({} if none)."""
-    p = Path(path) / "optim.pt"
+    """The ``extra`` tensors :func:`save_checkpoint` kept with checkpoint ``path`` ({} if none); of a
+    sharded checkpoint, this rank's, which needs the number of ranks that wrote it (else CheckpointError)."""
+    path = Path(path)
+    if (path / SHARDS).is_dir():
+        import torch.distributed as dist
+        rank, world = dist.get_rank(), dist.get_world_size()
+        own = path / f"rng_rank{rank}.pt"
+        d = torch.load(own, map_location="cpu", weights_only=True) if own.is_file() else {}
+        saved = d.get("world", torch.load(path / "rng_rank0.pt", map_location="cpu",
+                                          weights_only=True).get("world"))
+        if saved is not None and saved != world:
+            raise CheckpointError(f"{path}: its per-rank state (e.g. train.staleness's lagged weights, kept as "
+                                  f"shards) was written by {saved} processes; resume it with {saved}, not {world}")
+        return d.get("extra") or {}
+    p = path / "optim.pt"
     return _load_extra(p).get("extra") or {} if p.is_file() else {}
 
 

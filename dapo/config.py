@@ -530,8 +530,6 @@ def _check_ranges(cfg: Config, where: str) -> None:
          f"({per_rank // cfg.launch.num_processes})")
     need(t.ppo_epochs >= 1, "train.ppo_epochs", t.ppo_epochs, "must be >= 1")
     need(t.staleness >= 0, "train.staleness", t.staleness, "must be >= 0")
-    need(t.staleness == 0 or (cfg.launch.num_processes == 1 and cfg.launch.num_nodes == 1), "train.staleness",
-         t.staleness, "> 0 runs on one process only for now (the lagged weights are kept whole, not sharded)")
     need(t.lr > 0, "train.lr", t.lr, "must be > 0")
     need(t.warmup_grad_steps >= 0, "train.warmup_grad_steps", t.warmup_grad_steps, "must be >= 0")
     need(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must be >= 0")

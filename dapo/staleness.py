@@ -6,10 +6,12 @@ the policy after update v(r) = max(0, r − 1 − k) (the initial weights before
 run is reproducible and resumes bit for bit, while the trainer updates θ as usual. ``k = 0`` is the
 synchronous loop of the paper (nothing here runs).
 
-:class:`LaggedWeights` keeps the policy after each of the last k + 1 updates (whole, on the CPU: one
-process only), the engine gets v(r)'s before step r's rollouts and the current weights again before an
-evaluation (which always measures the current policy). Its contents travel in the checkpoint
-(:meth:`state_dict`). π_old stays the trainer's weights at the step's start (decoupled, as AReaL): the
+:class:`LaggedWeights` keeps the policy after each of the last k + 1 updates on the CPU, as each rank
+holds it: the whole tensors in one process (or unsharded data parallel), this rank's shards of a sharded
+(FSDP2) model, so the memory per rank is (k + 1) × its share. The engine gets v(r)'s before step r's
+rollouts (every rank swaps its shards in, then the usual gathered weight stream runs) and the current
+weights again before an evaluation (which always measures the current policy). Its contents travel in
+the checkpoint (:meth:`state_dict`; per rank when sharded, so a resume keeps the number of processes). π_old stays the trainer's weights at the step's start (decoupled, as AReaL): the
 lag then shows in ``mismatch/*`` and a correction (``algo.rollout_correction``) weighs it;
 ``algo.old_logprobs=rollout`` is the bypass objective instead. Logged: ``offpolicy/staleness``, the
 lag of the step's rollouts in updates, r − 1 − v(r).
@@ -23,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["LaggedWeights", "lagged_version", "swapped_weights", "split_mismatch"]
+__all__ = ["LaggedWeights", "lagged_version", "local_state", "swapped_weights", "split_mismatch"]
 
 
 def lagged_version(rollout_step: int, k: int) -> int:
@@ -41,8 +43,9 @@ class LaggedWeights:
         self.weights: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
 
     def record(self, version: int, model: torch.nn.Module) -> None:
-        """Keep a CPU copy of ``model``'s weights as ``version``; drop those no later step needs."""
-        self.weights[version] = {n: t.detach().to("cpu", copy=True) for n, t in model.state_dict().items()}
+        """Keep a CPU copy of ``model``'s weights (this rank's shards) as ``version``; drop those no later
+        step needs."""
+        self.weights[version] = local_state(model)
         for v in [v for v in self.weights if v < version - self.k]:
             del self.weights[v]
 
@@ -63,16 +66,46 @@ class LaggedWeights:
         self.weights = OrderedDict((int(v), w) for v, w in zip(d["versions"].tolist(), d["weights"]))
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a state-dict tensor: a DTensor's local shard (a view of the parameter), else ``t``."""
+    from torch.distributed.tensor import DTensor
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def local_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A CPU copy of ``model``'s state dict as this rank holds it (shards of a sharded model)."""
+    return {n: _local(t.detach()).to("cpu", copy=True) for n, t in model.state_dict().items()}
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    """Free every gathered (unsharded) parameter of a sharded model, so that the next forward gathers
+    the shards anew (FSDP2 keeps the root unit's gathered after a forward; a swap under it would not be
+    seen). Nothing for an unsharded model."""
+    from torch.distributed.fsdp import FSDPModule
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+@torch.no_grad()
+def _copy_in(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Copy ``weights`` (:func:`local_state`'s layout) into ``model``'s tensors in place."""
+    _reshard(model)
+    for n, t in model.state_dict().items():
+        _local(t).copy_(weights[n])
+
+
 @contextlib.contextmanager
 def swapped_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> Iterator[None]:
-    """``model`` holds ``weights`` inside the block and its own again after it (bit for bit: a CPU copy
-    of its state is loaded back). One process only, as :class:`LaggedWeights`."""
-    own = {n: t.detach().to("cpu", copy=True) for n, t in model.state_dict().items()}
-    model.load_state_dict(weights)
+    """``model`` holds ``weights`` (:func:`local_state`'s layout: this rank's shards when sharded) inside
+    the block and its own again after it, bit for bit (copied in place, so the optimizer's parameters
+    stay the same objects). With several ranks every rank enters it at the same point."""
+    own = local_state(model)
+    _copy_in(model, weights)
     try:
         yield
     finally:
-        model.load_state_dict(own)
+        _copy_in(model, own)
 
 
 def split_mismatch(metrics: Callable[..., dict[str, float]], old_logp: torch.Tensor, lag_logp: torch.Tensor,

@@ -254,8 +254,10 @@ def _push_lagged(run: Run, r: int) -> dict[str, float]:
     """Before step r's rollouts with train.staleness = k: push the weights of update r-1-k; the lag, logged."""
     if run.lagged is None:
         return {}
+    from dapo.staleness import swapped_weights
     v, weights = run.lagged.for_step(r)
-    run.engine.update_weights(weights.items())
+    with swapped_weights(run.policy.module, weights):    # every rank its own shards; the stream gathers them
+        push_weights(run.policy, run.engine)
     return {"offpolicy/staleness": float(r - 1 - v)}
 
 

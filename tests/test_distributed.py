@@ -275,7 +275,8 @@ class Runs:
 
     def args(self, name: str, world: int) -> list[str]:
         d = self.root / name
-        return [*TRAIN, f"model.path={self.base}", f"launch.num_processes={world}", f"output_dir={d}",
+        stale = ["train.staleness=1"] if name.startswith("stale") else []
+        return [*TRAIN, *stale, f"model.path={self.base}", f"launch.num_processes={world}", f"output_dir={d}",
                 f"logging.tracking_uri=sqlite:///{d / 'mlruns.db'}", "--run-dir", str(d / "run")]
 
     def get(self, name: str) -> dict:
@@ -295,26 +296,32 @@ class Runs:
         return {"summary": summary, "hist": hist, "status": run.info.status, "logs": logs,
                 "final": load_model(d / "run" / "final_model").state_dict()}
 
-    def _one(self) -> dict:      # 1 process, unsharded
+    def _one(self, name: str = "one") -> dict:      # 1 process, unsharded
         e = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-        p = _ok(subprocess.run([PY, "-m", "dapo.train", *self.args("one", 1)], cwd=REPO, env=e,
+        p = _ok(subprocess.run([PY, "-m", "dapo.train", *self.args(name, 1)], cwd=REPO, env=e,
                                capture_output=True, text=True, timeout=900))
-        return self._result("one", [p.stdout])
+        return self._result(name, [p.stdout])
+
+    def _stale_one(self) -> dict:      # train.staleness=1, 1 process
+        return self._one("stale_one")
 
     def _two(self) -> dict:      # 2 processes, sharded, uninterrupted
         p = _ok(_torchrun(2, ["-m", "dapo.cli", "train", *self.args("two", 2)]))      # `dapo train` on 2 ranks
         return self._result("two", [p.stdout])
 
-    def _killed(self) -> dict:   # 2 processes; rank 1 is killed (-9) after step 2's update; rerun
-        first = _torchrun(2, ["-m", "tests.test_distributed", "train_kill_rank1", *self.args("killed", 2)],
+    def _killed(self, name: str = "killed") -> dict:   # 2 processes; rank 1 killed (-9) after step 2's update; rerun
+        first = _torchrun(2, ["-m", "tests.test_distributed", "train_kill_rank1", *self.args(name, 2)],
                           env={"DAPO_TEST_KILL_RANK1_AT": "2"})
         assert first.returncode != 0, first.stdout[-2000:]
-        assert not (self.root / "killed" / "run" / "summary.json").exists()
+        assert not (self.root / name / "run" / "summary.json").exists()
         assert "step 1/2" in first.stdout and "step 2/2" not in first.stdout
         assert "fault injection: SIGKILL at kill_at_step 2" in first.stdout + first.stderr
-        again = _ok(_torchrun(2, ["-m", "dapo.cli", "train", *self.args("killed", 2)]))
-        res = self._result("killed", [first.stdout + first.stderr, again.stdout])
+        again = _ok(_torchrun(2, ["-m", "dapo.cli", "train", *self.args(name, 2)]))
+        res = self._result(name, [first.stdout + first.stderr, again.stdout])
         return res
+
+    def _stale_killed(self) -> dict:   # train.staleness=1, 2 processes, killed and resumed as _killed
+        return self._killed("stale_killed")
 
 
 @pytest.fixture(scope="module")
@@ -415,6 +422,26 @@ def test_two_processes_sharded_equal_one_process(runs):
     for k, w1 in one["final"].items():
         d1, d2 = w1 - base[k], two["final"][k] - base[k]
         assert float((d1 - d2).abs().max()) <= 1e-6 + 1e-3 * float(d1.abs().max()), k
+
+
+@pytest.mark.slow
+def test_stale_rollouts_on_two_sharded_processes_equal_one_process_and_resume(runs):
+    """train.staleness=1 on 2 sharded processes, rank 1 killed after step 2's update and the run resumed
+    from step 1's checkpoint (each rank's shards of the lagged weights in it): the same rollouts as one
+    process (step 2 samples with the initial weights on both), the same lag and mismatch split, the
+    update within float noise."""
+    one, two = runs.get("stale_one"), runs.get("stale_killed")
+    assert "resuming from" in two["logs"][1] and two["status"] == "FINISHED"
+    assert [v for _, v in one["hist"]["offpolicy/staleness"]] == [0.0, 1.0]
+    assert "mismatch/lag/k3" in one["hist"] and "mismatch/kernel/k3" in one["hist"]
+    for k in one["hist"]:
+        if k.startswith(("sampling/", "rollout/")):
+            assert two["hist"][k] == one["hist"][k], k
+    _compare_metrics(one["hist"], two["hist"], rel=1e-4, abs_=1e-7)
+    for run in (one, two):   # step 2: every rank's engine sampled with the lagged weights (π_lag = π_rollout up
+        kern = run["hist"]["mismatch/kernel/abs_diff_max"][1][1]   # to kernel noise), one update from π_old
+        lag = run["hist"]["mismatch/lag/abs_diff_max"][1][1]
+        assert kern < 1e-4 and lag > 100 * kern, (kern, lag)
 
 
 @pytest.mark.slow

@@ -44,8 +44,7 @@ def test_staleness_config_rules_and_hash():
     assert config_hash(load_config("experiments/mini-dapo.yaml", ["train.staleness=1"])) != config_hash(base)
     with pytest.raises(ConfigError, match="train.staleness"):
         load_config("experiments/mini-dapo.yaml", ["train.staleness=-1"])
-    with pytest.raises(ConfigError, match="one process only"):
-        load_config("experiments/tiny-random-smoke.yaml", ["train.staleness=1", "launch.num_processes=2"])
+    load_config("experiments/tiny-random-smoke.yaml", ["train.staleness=1", "launch.num_processes=2"])   # allowed
 
 
 TINY = ["rollout.engine=hf", "rollout.n=2", "rollout.max_new_tokens=6", "train.batch_prompts=2",
@@ -119,3 +118,24 @@ def test_split_mismatch_parts_add_up_in_log_ratio():
     assert parts["mismatch/kernel/abs_diff_max"] == pytest.approx(0.05, abs=1e-6)   # |−1.2 − (−1.25)|, |−2.5 + 2.45|
     assert parts["mismatch/lag/abs_diff_max"] == pytest.approx(0.5, abs=1e-6)       # |−3.0 − (−2.5)|
     assert not any("_len_" in k for k in parts)
+
+
+def test_per_rank_lagged_weights_are_read_back_only_by_as_many_ranks(tmp_path):
+    """A sharded checkpoint keeps each rank's extra (its shards of the lagged weights) with the number of
+    ranks that wrote it; read by another number of ranks it is one error naming both, not a wrong ring."""
+    import torch
+    import torch.distributed as dist
+
+    from dapo.checkpoint import SHARDS, CheckpointError, load_extra
+    ckpt = tmp_path / "step_000001"
+    (ckpt / SHARDS).mkdir(parents=True)
+    ring = {"lagged": {"versions": torch.tensor([0]), "weights": [{"w": torch.ones(2)}]}}
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        torch.save({"rng": {}, "extra": ring, "world": 1}, ckpt / "rng_rank0.pt")
+        assert torch.equal(load_extra(ckpt)["lagged"]["weights"][0]["w"], torch.ones(2))
+        torch.save({"rng": {}, "extra": ring, "world": 2}, ckpt / "rng_rank0.pt")
+        with pytest.raises(CheckpointError, match="written by 2 processes; resume it with 2, not 1"):
+            load_extra(ckpt)
+    finally:
+        dist.destroy_process_group()
