@@ -26,6 +26,13 @@ dynamic sampling          its pair: gradient steps to a pooled threshold (the me
                           both arms' runs of their last-quarter accuracy: the same when
                           the arms swap; a run that never gets there: the next evaluation
                           after the end), and generated tokens per rollout step, on / off
+<successor> binds         its arm: the fraction its own metric counts (:data:`SUCCESSORS`;
+                          GSPO's clipped sequences, CISPO's capped weights, Clip-Cov's /
+                          KL-Cov's selected tokens), %
+<successor> → entropy     its pair (a one-at-a-time sweep: the baseline vs the arm with it
+                          alone): last-quarter entropy, on − off; predicted to rise only
+                          for Clip-Cov and KL-Cov (built against entropy collapse,
+                          arXiv 2505.22617), else tested both ways ("differs")
 ========================  ==============================================================
 """
 
@@ -34,13 +41,29 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .arms import baseline_arm, find_pair
+from .arms import TOGGLES, baseline_arm, find_pair
 from .metric_names import equivalence_margin, metric_scale, primary_metric
 from .runs import SweepInfo
 from .stats import effect_verdict, interval_label, level_verdict, paired_diff, t_interval, t_test_p
 
 __all__ = ["window_means", "steps_to_reach", "next_evaluation", "evaluation_gap", "mechanism_table",
-           "format_mechanisms", "MECHANISMS_NOTE"]
+           "format_mechanisms", "MECHANISMS_NOTE", "SUCCESSORS"]
+
+# DAPO's successors (analysis.arms.TOGGLES): toggle → (its own metric, what it counts, the "acts" bound in %,
+# the predicted sign of its entropy change: +1 rises, 0 none stated, tested both ways)
+SUCCESSORS: dict[str, tuple[str | None, str, float, int]] = {
+    "dr_grpo": (None, "", 0.0, 0),
+    "batch_std": (None, "", 0.0, 0),
+    "rloo": (None, "", 0.0, 0),
+    "gspo": ("train/seq_clip_frac", "tokens of clipped sequences", 0.01, 0),
+    "cispo": ("train/weight_clip_frac", "tokens whose importance weight is capped", 0.01, 0),
+    "clip_cov": ("train/cov_selected_frac", "tokens whose gradient is cut", 0.0, 1),
+    "kl_cov": ("train/cov_selected_frac", "tokens KL-penalised", 0.0, 1),
+    "top_entropy": (None, "", 0.0, 0),
+    "group_token_mean": (None, "", 0.0, 0),
+    "ds_filter": (None, "", 0.0, 0),
+    "ds_mask": (None, "", 0.0, 0),
+}
 
 MECHANISMS_NOTE = ("Exploratory (p unadjusted over the rows). Each row reads the mechanism off its own metric "
                    "(not accuracy). Per run: mean over the first / last quarter of rollout steps, or all of them. "
@@ -48,7 +71,8 @@ MECHANISMS_NOTE = ("Exploratory (p unadjusted over the rows). Each row reads the
                    "evidence declares; \"acts\" when p ≤ 0.05, else \"not shown\". A difference (within a run, "
                    "or between two arms with the same seed): [exact sign-flip interval, its level], p: two-sided "
                    "exact sign-flip test; \"acts\" when p ≤ 0.05 in the direction the paper predicts "
-                   "(\"predicts\" column), \"opposite\" in the other, \"bounded null\" when TOST bounds it "
+                   "(\"predicts\" column), \"opposite\" in the other, \"differs\" where none is predicted "
+                   "(\"either way\"), \"bounded null\" when TOST bounds it "
                    "inside the metric's margin, else \"inconclusive\"; \"not isolated\" when the two arms also "
                    "differ in other techniques (the number is then the combination's).")
 
@@ -125,12 +149,13 @@ def _level(mechanism: str, evidence: str, arms: str, values: pd.Series, fig: str
 def _diff(mechanism: str, evidence: str, arms: str, a: pd.Series, b: pd.Series, fig: str, *, predicted: int,
           margin: float | None = None, isolated: bool = True) -> dict:
     """A row for b − a paired by seed (a within-run change when a and b are one arm's windows):
-    verdict from its two-sided sign-flip p in the ``predicted`` direction (+1 / −1)."""
+    verdict from its two-sided sign-flip p in the ``predicted`` direction (+1 / −1; 0: none, "differs")."""
     r = paired_diff(a, b, margin=margin)
     verdict = effect_verdict(r.mean, r.p, r.p_tost, predicted=predicted) if isolated else "not isolated"
     return {"mechanism": mechanism, "evidence": evidence, "arms": arms, "value": r.mean, "lo": r.lo, "hi": r.hi,
             "level": r.level, "method": r.method, "p": r.p, "test": "sign-flip, two-sided",
-            "predicts": {1: "rises", -1: "falls"}[predicted], "n": r.n, "verdict": verdict, "figure": fig}
+            "predicts": {1: "rises", -1: "falls", 0: "either way"}[predicted], "n": r.n, "verdict": verdict,
+            "figure": fig}
 
 
 def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None) -> pd.DataFrame:
@@ -234,6 +259,20 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
             ratio = _by_seed(gb, "all") / _by_seed(ga, "all")
             rows.append(_level("dynamic sampling: cost", "generated tokens per rollout step, on / off (acts: > 1)",
                                pair_label, ratio.dropna(), "fig6", above=1.0))
+    for toggle, (own, what, above, predicted) in SUCCESSORS.items():
+        if (p := pair(toggle)) is None:
+            continue
+        off, on, pair_label, iso = p
+        title = TOGGLES[toggle].title
+        got = w(own, on) if own else pd.DataFrame()
+        if len(got):
+            rows.append(_level(f"{title} binds", f"{what}, % ({own.split('/')[-1]}; acts: > {above:g}%)", on,
+                               _by_seed(got, "all", pct), "fig3", above=above))
+        e_off, e_on = w("train/entropy", off), w("train/entropy", on)
+        if len(e_off) and len(e_on):
+            rows.append(_diff(f"{title} → entropy", "train/entropy, last quarter, on − off", pair_label,
+                              _by_seed(e_off, "last"), _by_seed(e_on, "last"), "fig2", predicted=predicted,
+                              margin=equivalence_margin("train/entropy", sweep.margins), isolated=iso))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

@@ -119,3 +119,37 @@ def test_a_pair_that_changes_several_techniques_says_so():
     assert (df.loc[df["arms"].str.contains("also differ") & df["p"].notna()
                    & ~df["mechanism"].str.contains("cost"), "verdict"] == "not isolated").all()
     assert not (exact["verdict"] == "not isolated").any()
+
+
+def test_successor_rows_read_the_variant_metric_and_its_entropy_change():
+    """A one-at-a-time sweep of the table1-mini grpo arm and a copy of it made Clip-Cov (config
+    algo.policy_loss = clip_cov): entropy +0.05 at every step of every seed, cov_selected_frac 0.4% +
+    0.01% × seed. By hand: "Clip-Cov binds" 0.445 ("acts"), "Clip-Cov → entropy" +0.05
+    with all 10 pairs positive, p = 2/2^10, predicted to rise: "acts". As CISPO (no prediction) the
+    same change "differs"."""
+    import dataclasses
+
+    from analysis.runs import ArmInfo
+    tidy, configs, sweep = load_snapshot(REPO / "results" / "table1-mini" / "snapshot")
+    base = tidy[tidy["arm"] == "grpo"]
+    for kind, verdict in (("clip_cov", "acts"), ("cispo", "differs")):
+        copy = base.assign(arm=kind, run=base["run"] + "-" + kind)
+        copy.loc[copy["metric"] == "train/entropy", "value"] += 0.05
+        own = copy[copy["metric"] == "train/entropy"].assign(
+            metric="train/cov_selected_frac" if kind == "clip_cov" else "train/weight_clip_frac")
+        own["value"] = 0.004 + 0.0001 * own["seed"]                       # seeds 0-9: mean 0.445%
+        t = pd.concat([base, copy, own], ignore_index=True)
+        c = {**{r: configs[r] for r in base["run"].unique()},
+             **{r + "-" + kind: {**configs[r], "algo": {**configs[r]["algo"], "policy_loss": kind}}
+                for r in base["run"].unique()}}
+        sw = dataclasses.replace(sweep, kind="one_at_a_time", arms=(sweep.arm("grpo"), ArmInfo(kind)))
+        rows = mechanism_table(t, sw, c).set_index("mechanism")
+        title = {"clip_cov": "Clip-Cov", "cispo": "CISPO"}[kind]
+        ent = rows.loc[f"{title} → entropy"]
+        assert ent.value == pytest.approx(0.05) and ent.n == 10 and ent.p == pytest.approx(2 / 2 ** 10)
+        assert ent.verdict == verdict and ent.arms == f"grpo → {kind}"
+        assert ent.predicts == ("rises" if kind == "clip_cov" else "either way")
+        binds = rows.loc[f"{title} binds"]
+        assert binds.value == pytest.approx(0.445) and binds.arms == kind
+        assert binds.verdict == "acts"                                      # far above 0 and 0.01%, t-test
+        assert "GSPO → entropy" not in rows.index                          # no such arm: no row
