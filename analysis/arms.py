@@ -78,6 +78,13 @@ TOGGLES: dict[str, Toggle] = {
                         lambda c: _ds_mode(c) == "filter", absent=False),
     "ds_mask": Toggle("dynamic sampling, mask", ("algo.dynamic_sampling.mode", "algo.dynamic_sampling.enabled"),
                       lambda c: _ds_mode(c) == "mask", absent=False),
+    # the behaviour policy (issue 23): the engine serving the policy in bf16 (explicitly: "auto" reads as
+    # off, it is fp32 on CPUs), and a rollout correction of any mode
+    "bf16_rollout": Toggle("bf16 rollout", ("model.rollout_dtype",),
+                           lambda c: c["model.rollout_dtype"] == "bfloat16", absent=False),
+    "rollout_correction": Toggle("rollout correction", ("algo.rollout_correction.mode",),
+                                 lambda c: str(c["algo.rollout_correction.mode"]).lower() not in ("none", "false"),
+                                 absent=False),
     "acc_band": Toggle("accuracy band", ("algo.dynamic_sampling.min_acc", "algo.dynamic_sampling.max_acc"),
                        lambda c: _ds_mode(c) is not None and (float(c["algo.dynamic_sampling.min_acc"]) > 0
                                                                or float(c.get("algo.dynamic_sampling.max_acc", 1)) < 1),

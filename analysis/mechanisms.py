@@ -26,6 +26,9 @@ dynamic sampling          its pair: gradient steps to a pooled threshold (the me
                           both arms' runs of their last-quarter accuracy: the same when
                           the arms swap; a run that never gets there: the next evaluation
                           after the end), and generated tokens per rollout step, on / off
+bf16 rollout → mismatch   fp32 vs bf16 engine: ``mismatch/k3`` last quarter, on − off (rises)
+rollout correction        none vs a correction: last-quarter entropy and clipped tokens, on − off
+                          (no direction predicted: "differs")
 <successor> binds         its arm: the fraction its own metric counts (:data:`SUCCESSORS`;
                           GSPO's clipped sequences, CISPO's capped weights, Clip-Cov's /
                           KL-Cov's selected tokens), %
@@ -259,6 +262,30 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
             ratio = _by_seed(gb, "all") / _by_seed(ga, "all")
             rows.append(_level("dynamic sampling: cost", "generated tokens per rollout step, on / off (acts: > 1)",
                                pair_label, ratio.dropna(), "fig6", above=1.0))
+    if (p := pair("bf16_rollout")) is not None:   # the behaviour policy (analysis.behaviour has the levels)
+        off, on, pair_label, iso = p
+        a, b = w("mismatch/k3", off), w("mismatch/k3", on)
+        if len(a) and len(b):
+            rows.append(_diff("bf16 rollout → mismatch", "mismatch/k3, last quarter, on − off (nats/token)",
+                              pair_label, _by_seed(a, "last"), _by_seed(b, "last"), "fig_mismatch", predicted=1,
+                              isolated=iso))
+    if (p := pair("rollout_correction")) is not None:
+        off, on, pair_label, iso = p
+
+        def last(metric: str, arm: str, scale: float = 1.0):
+            v = w(metric, arm)
+            return _by_seed(v, "last", scale) if len(v) else None
+
+        def clipped(arm: str):   # % of tokens clipped at either end, last quarter
+            lo, hi = last("train/clip_frac_low", arm, pct), last("train/clip_frac_high", arm, pct)
+            return None if lo is None or hi is None else lo.add(hi, fill_value=0.0)
+        for metric, what, a, b in (("train/entropy", "train/entropy", last("train/entropy", off),
+                                    last("train/entropy", on)),
+                                   (None, "clipped tokens, %", clipped(off), clipped(on))):
+            if a is not None and b is not None:
+                rows.append(_diff("rollout correction", f"{what}, last quarter, on − off", pair_label, a, b,
+                                  "fig_mismatch", predicted=0, margin=equivalence_margin(metric, sweep.margins),
+                                  isolated=iso))
     for toggle, (own, what, above, predicted) in SUCCESSORS.items():
         if (p := pair(toggle)) is None:
             continue

@@ -26,6 +26,7 @@ writes::
                 problems.parquet   (also, when the runs' eval_records/ are under --runs: per-problem outcomes)
     figures/    fig1..fig7 .png + .pdf (a figure the sweep cannot show is listed, not drawn)
     table1.md table1.csv table1.tex family.csv eval_noise.csv compare.md cost.csv mechanisms.csv learning.csv
+    mismatch.csv, figures/fig_mismatch.*   only when the runs logged mismatch/* (analysis.behaviour)
     report.md
     reading.md  the human-written reading; never overwritten unless a new one is given
 """
@@ -42,6 +43,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .behaviour import behaviour_section, mismatch_figure, mismatch_table
 from .mechanisms import MECHANISMS_NOTE, format_mechanisms, mechanism_table
 from .learning import LEARNING_NOTE, format_learning, learning_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
@@ -175,6 +177,16 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
     written.append(to_csv(cost, out / "cost.csv"))
     mech = mechanism_table(tidy, sweep, configs)
     written.append(to_csv(mech, out / "mechanisms.csv"))
+    behaviour = mismatch_table(tidy, sweep)
+    mfig = mismatch_figure(tidy, sweep, configs) if len(behaviour) else None
+    if len(behaviour):
+        written.append(to_csv(behaviour, out / "mismatch.csv"))
+    if mfig is not None:
+        written += save_figure(mfig, out / "figures" / "fig_mismatch", formats)
+        mfig.clear()
+    else:
+        for old in (out / "figures").glob("fig_mismatch.*"):   # from an earlier report of these runs
+            old.unlink()
     learn = learning_table(tidy, sweep, final_k=final_k)
     written.append(to_csv(learn, out / "learning.csv"))
 
@@ -221,6 +233,7 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              "## Do the mechanisms act?", "",
              to_markdown(format_mechanisms(mech)) if len(mech) else "No mechanism metric in these runs.",
              MECHANISMS_NOTE + " Numbers: [mechanisms.csv](mechanisms.csv).", "",
+             *behaviour_section(behaviour, labels, mfig is not None),
              "## Does the policy learn?", "",
              to_markdown(format_learning(learn)) if len(learn) else "No evaluation or rollout reward in these runs.",
              LEARNING_NOTE + " Numbers: [learning.csv](learning.csv).", "",
