@@ -89,6 +89,12 @@ def check_run_dir(cfg: Config, run_dir: str | os.PathLike, *, allow_resource_cha
         raise ConfigError(f"run directory {run_dir}: its config.yaml is not a config this version reads "
                           f"({exc}); give a new --run-dir") from None
     diff = config_diff(stored, cfg)
+    if set(diff["run"]) == {"train.rollout_steps"}:
+        was, now = diff["run"]["train.rollout_steps"]
+        raise ConfigError(f"run directory {run_dir} holds a run of {was} rollout steps; a run cannot be extended in "
+                          f"place to {now}: train.rollout_steps is part of its identity (run id "
+                          f"{config_hash(stored)}, its MLflow params). Train the {now}-step run as a run of its "
+                          f"own (omit --run-dir: it gets its own directory and run id)")
     if diff["run"]:
         raise ConfigError(f"run directory {run_dir} holds run {config_hash(stored)}, whose config differs from this "
                           f"one (run id {config_hash(cfg)}) in keys that change its numbers: {_changes(diff['run'])}; "

@@ -128,6 +128,13 @@ def test_resuming_a_run_dir_under_another_config_is_refused_naming_the_keys(tmp_
     assert sorted(p.name for p in d.iterdir()) == ["config.yaml"]
 
 
+def test_more_rollout_steps_into_a_finished_run_says_it_cannot_be_extended(tmp_path, train_main):
+    d = _stored_run(tmp_path / "run", "train.rollout_steps=3")
+    rc, err, calls = train_main("train.rollout_steps=9", "--run-dir", str(d))
+    assert rc == 2 and not calls and err.count("\n") == 1, err
+    assert "a run of 3 rollout steps; a run cannot be extended in place to 9" in err and "omit --run-dir" in err
+
+
 def test_a_resource_only_change_needs_the_explicit_flag(tmp_path, train_main):
     d = _stored_run(tmp_path / "run", "train.threads=1")
     rc, err, calls = train_main("train.threads=2", "--run-dir", str(d))
