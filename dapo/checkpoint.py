@@ -36,7 +36,7 @@ import torch
 
 from dapo import faults
 
-__all__ = ["CheckpointError", "save_checkpoint", "latest_checkpoint", "load_checkpoint",
+__all__ = ["CheckpointError", "PendingCheckpoint", "save_checkpoint", "latest_checkpoint", "load_checkpoint",
            "rng_state", "set_rng_state", "save_final_model"]
 
 SHARDS = "shards"   # torch.distributed.checkpoint directory of a sharded checkpoint
@@ -80,18 +80,118 @@ def _sharded(model: torch.nn.Module) -> bool:
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler: Any, state: dict[str, Any],
-                    keep_last: int = 2, extra: dict[str, Any] | None = None) -> Path:
+                    keep_last: int = 2, extra: dict[str, Any] | None = None,
+                    async_save: bool = False) -> "Path | PendingCheckpoint":
     """Write checkpoint ``step`` atomically and delete all but the newest ``keep_last``.
 
     Refuses (CheckpointError) to write non-finite weights. A sharded model: every rank
     calls this (see the module docstring). ``extra``: more tensors to keep with the optimizer state
     (:func:`load_extra` reads them back), e.g. the lagged weights of ``train.staleness``; a sharded
     model's ranks each keep their own (their shards), read back only by as many ranks.
+
+    ``async_save`` (``checkpoint.async_save``): copy the state to CPU memory now, write the files in the
+    background and return a :class:`PendingCheckpoint`; its :meth:`~PendingCheckpoint.finish` (every
+    rank, at the same point) waits for them, then publishes and rotates exactly as a synchronous save
+    does. Until then the checkpoint does not exist for a resume (a crash falls back to the previous one).
     """
     if _sharded(model):
-        return _save_sharded(Path(run_dir), step, model=model, optimizer=optimizer, scheduler=scheduler,
-                             state=state, keep_last=keep_last, extra=extra)
-    root = Path(run_dir) / "checkpoints"
+        pending = _start_sharded(Path(run_dir), step, model=model, optimizer=optimizer, scheduler=scheduler,
+                                 state=state, keep_last=keep_last, extra=extra, async_save=async_save)
+    else:
+        pending = _start(Path(run_dir), step, model=model, optimizer=optimizer, scheduler=scheduler, state=state,
+                         keep_last=keep_last, extra=extra, async_save=async_save)
+    return pending if async_save else pending.finish()
+
+
+class PendingCheckpoint:
+    """A checkpoint whose files are being written into its temporary directory (in the background with
+    ``async_save``). :meth:`finish` waits for the writer, then publishes it under its final name (sharded:
+    every rank calls it; rank 0 publishes once all ranks' files are durable) and rotates the old ones."""
+
+    def __init__(self, root: Path, tmp: Path | None, final: Path, step: int, keep_last: int,
+                 wait: Any, *, world: int = 1, rank: int = 0):
+        self.root, self.tmp, self.final, self.step, self.keep_last = root, tmp, final, step, keep_last
+        self._wait, self.world, self.rank = wait, world, rank
+
+    def finish(self) -> Path:
+        err = None
+        try:
+            self._wait()
+        except Exception as exc:  # noqa: BLE001 - the writer's error, reported below (on every rank)
+            err = str(exc) if isinstance(exc, _WriteFailed) else f"{type(exc).__name__}: {exc}"
+        if self.world == 1:
+            if err is None:
+                try:
+                    _publish(self.root, self.tmp, self.final, self.step)
+                except Exception as exc:  # noqa: BLE001
+                    err = f"{type(exc).__name__}: {exc}"
+            errors = [err] if err else []
+        else:
+            from dapo.distributed import all_gather_object, broadcast_object
+            errors = [e for e in all_gather_object(err and f"rank {self.rank}: {err}", self.world) if e]
+            if not errors and self.rank == 0:
+                try:
+                    _publish(self.root, self.tmp, self.final, self.step)
+                except Exception as exc:  # noqa: BLE001
+                    errors = [f"rank 0: {type(exc).__name__}: {exc}"]
+            errors = broadcast_object(errors, self.world)
+        if errors:
+            if self.rank == 0 and self.tmp is not None:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            raise CheckpointError(f"{self.final}: could not write checkpoint ({'; '.join(errors)}); "
+                                  f"the previous checkpoint is kept")
+        if self.rank == 0:
+            _rotate(self.root, self.keep_last)
+        return self.final
+
+
+class _WriteFailed(Exception):
+    """A checkpoint writer's error, already described."""
+
+
+def _failed(message: str) -> Any:
+    """A wait function that reports ``message`` (a write that failed before anything was left to wait for)."""
+    def wait() -> None:
+        raise _WriteFailed(message)
+    return wait
+
+
+def _in_background(write: Any) -> Any:
+    """Run ``write()`` in a thread; returns the wait function that joins it and re-raises its error."""
+    import threading
+    box: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            write()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+            box.append(exc)
+    t = threading.Thread(target=run, name="dapo-checkpoint-writer", daemon=True)
+    t.start()
+
+    def wait() -> None:
+        t.join()
+        if box:
+            raise box[0]
+    return wait
+
+
+def _cpu_copy(obj: Any) -> Any:
+    """``obj`` with every tensor copied to the CPU (nested dicts, lists and tuples): a snapshot that
+    training may no longer change."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
+
+
+def _start(run_dir: Path, step: int, *, model, optimizer, scheduler, state, keep_last: int,
+           extra: dict[str, Any] | None, async_save: bool) -> PendingCheckpoint:
+    """One process: the temporary directory, then its files (now, or from a CPU copy in the background)."""
+    root = run_dir / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
     if not _finite(model):
@@ -102,19 +202,31 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: torch.nn.Mo
         for stale in root.glob(".tmp_step_*"):   # a killed writer's leftovers (one writer per run dir)
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
-        torch.save(model.state_dict(), tmp / "model.pt")
+    except OSError as exc:
+        raise CheckpointError(f"{final}: could not write checkpoint ({type(exc).__name__}: {exc}); "
+                              f"the previous checkpoint is kept") from exc
+    files = {"model.pt": model.state_dict(),
+             "optim.pt": {"optimizer": optimizer.state_dict(),
+                          "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                          "rng": rng_state(), **({"extra": extra} if extra else {})}}
+    text = json.dumps(state, indent=1, default=str)
+    if async_save:
+        files = _cpu_copy(files)
+
+    def write() -> None:
+        torch.save(files["model.pt"], tmp / "model.pt")
         faults.kill_point("KILL_IN_CHECKPOINT", step)   # test hook: die with the checkpoint half written
-        torch.save({"optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                    "rng": rng_state(), **({"extra": extra} if extra else {})}, tmp / "optim.pt")
-        (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
-        _publish(root, tmp, final, step)
+        torch.save(files["optim.pt"], tmp / "optim.pt")
+        (tmp / "state.json").write_text(text)
+    if async_save:
+        return PendingCheckpoint(root, tmp, final, step, keep_last, _in_background(write))
+    try:
+        write()
     except Exception as exc:  # OSError (full disk, read-only), or torch's RuntimeError wrapping one
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"{final}: could not write checkpoint ({type(exc).__name__}: {exc}); "
                               f"the previous checkpoint is kept") from exc
-    _rotate(root, keep_last)
-    return final
+    return PendingCheckpoint(root, tmp, final, step, keep_last, lambda: None)
 
 
 def _publish(root: Path, tmp: Path, final: Path, step: int) -> None:
@@ -148,9 +260,14 @@ def _rotate(root: Path, keep_last: int) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
-def _save_sharded(run_dir: Path, step: int, *, model, optimizer, scheduler, state, keep_last: int,
-                  extra: dict[str, Any] | None = None) -> Path:
-    """Every rank: its model/optimizer shards (DCP), its RNG and its ``extra``; rank 0: scheduler, state, publish."""
+_CKPT_GROUP: dict[str, Any] = {}   # the gloo group of background (async) DCP saves, made once
+
+
+def _start_sharded(run_dir: Path, step: int, *, model, optimizer, scheduler, state, keep_last: int,
+                   extra: dict[str, Any] | None, async_save: bool) -> PendingCheckpoint:
+    """Every rank: its model/optimizer shards (DCP; with ``async_save`` staged to CPU memory and written
+    in the background, coordinated over a gloo group of its own so that the training's collectives are
+    never interleaved with it), its RNG and its ``extra``; rank 0: the scheduler and the state."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -174,10 +291,18 @@ def _save_sharded(run_dir: Path, step: int, *, model, optimizer, scheduler, stat
         except OSError as exc:
             err = f"{type(exc).__name__}: {exc}"
     tmp, err = broadcast_object((tmp, err), world)
+    wait: Any = lambda: None   # noqa: E731
     if err is None:
         try:
             msd, osd = get_state_dict(model, optimizer)
-            dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDS))   # a collective
+            if async_save:
+                if "group" not in _CKPT_GROUP:
+                    _CKPT_GROUP["group"] = dist.new_group(backend="gloo")
+                future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDS),
+                                        process_group=_CKPT_GROUP["group"])
+                wait = future.result
+            else:
+                dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDS))   # a collective
             faults.kill_point("KILL_IN_CHECKPOINT", step)   # test hook: die with the checkpoint half written
             torch.save({"rng": rng_state(), **({"extra": extra, "world": world} if extra else {})},
                        tmp / f"rng_rank{rank}.pt")
@@ -185,23 +310,11 @@ def _save_sharded(run_dir: Path, step: int, *, model, optimizer, scheduler, stat
                 torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None},
                            tmp / "extra.pt")
                 (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
-        except Exception as exc:  # noqa: BLE001 - reported on every rank below
-            err = f"rank {rank}: {type(exc).__name__}: {exc}"
-    errors = [e for e in all_gather_object(err, world) if e]
-    if not errors and rank == 0:
-        try:
-            _publish(root, tmp, final, step)
-        except Exception as exc:  # noqa: BLE001
-            errors = [f"rank 0: {type(exc).__name__}: {exc}"]
-    errors = broadcast_object(errors, world)
-    if errors:
-        if rank == 0 and tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"{final}: could not write checkpoint ({'; '.join(errors)}); "
-                              f"the previous checkpoint is kept")
-    if rank == 0:
-        _rotate(root, keep_last)
-    return final
+        except Exception as exc:  # noqa: BLE001 - reported on every rank by finish()
+            err = f"{type(exc).__name__}: {exc}"
+    if err is not None:
+        wait = _failed(err)
+    return PendingCheckpoint(root, tmp, final, step, keep_last, wait, world=world, rank=rank)
 
 
 def save_final_model(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], out: str | os.PathLike,

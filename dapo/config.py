@@ -285,6 +285,11 @@ class CheckpointConfig:
     final_model_dtype: Literal["bfloat16", "train_dtype"] = doc(
         "the final model's tensors: bfloat16 (half the size of an fp32 master; what vLLM and evaluation load) "
         "or train_dtype (as trained, bit for bit)", "bfloat16")
+    async_save: bool = doc(
+        "write checkpoints in the background: the state is copied to CPU memory at the step (the trainer waits "
+        "only for that copy), the files are written while training goes on, and the checkpoint is published "
+        "at the next one or at the end, its metrics sent to MLflow then; a crash before that resumes from the "
+        "one before (dapo.checkpoint)", False)
     on_preempt: Literal["immediate", "step_boundary"] = doc(
         "on SIGUSR2 (Slurm's warning before a preemption or the time limit): immediate (submitit requeues at "
         "once; the run resumes from its last periodic checkpoint) or step_boundary (finish the rollout step, "
@@ -775,7 +780,7 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 # Resource knobs: how a run uses its machines, never what it computes (a resumed run may change them).
 # tensor_parallel_size and logits_chunk_tokens only reorder floating-point sums, like the engine's batch.
 UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep_mode", "rollout.enforce_eager",
-                 "checkpoint.final_model_dtype", "checkpoint.on_preempt",
+                 "checkpoint.final_model_dtype", "checkpoint.on_preempt", "checkpoint.async_save",
                  "train.logits_chunk_tokens", "launch.pg_timeout_s", "launch.rollout_timeout_s")
 # Keys added after runs existed that do change the numbers: hashed only when they differ from the value
 # below (the behaviour before they existed), so every older run id stays valid.

@@ -409,15 +409,18 @@ class Tracker:
         run = self._call(self.client.get_run, self.run_uuid, what="read run")
         return {k: v for k, v in run.data.metrics.items() if k.startswith("eval/")}
 
-    def flush(self) -> int:
-        """Send buffered points to MLflow, skipping rollout steps it already has."""
-        if not self.enabled or not self.buffer:
-            self.buffer.clear()
+    def flush(self, up_to: int | None = None) -> int:
+        """Send buffered points to MLflow, skipping rollout steps it already has. ``up_to``: only the points
+        of rollout steps ≤ it (those a published checkpoint covers); later ones stay buffered."""
+        keep = [p for p in self.buffer if up_to is not None and p["rollout_step"] > up_to]
+        send = [p for p in self.buffer if up_to is None or p["rollout_step"] <= up_to]
+        if not self.enabled or not send:
+            self.buffer[:] = keep
             return 0
         from mlflow.entities import Metric
         have = self.logged_rollout_steps()
         sent = 0
-        for point in self.buffer:
+        for point in send:
             if point["rollout_step"] in have:  # one point per rollout step (0 = the eval before training)
                 continue
             ts = int(point["time"] * 1000)
@@ -430,7 +433,7 @@ class Tracker:
             sent += 1
             have.add(point["rollout_step"])
             faults.count_flushed_point()   # test hook (DAPO_FAULT_KILL_IN_FLUSH)
-        self.buffer.clear()
+        self.buffer[:] = keep
         return sent
 
     def finish(self, status: str = "FINISHED") -> None:

@@ -89,6 +89,7 @@ class Run:
     log: Callable[..., None]
     engine: Any = None                    # this rank's engine, driven as the job's (RankShardedEngine)
     lagged: Any = None                    # dapo.staleness.LaggedWeights with train.staleness > 0
+    pending_checkpoint: Any = None        # (PendingCheckpoint, its rollout step) with checkpoint.async_save
     t_start: float = field(default_factory=time.time)
     t_loop: float = 0.0                   # when this attempt's loop started
     wall_prev: float = 0.0                # loop seconds of the attempts before it (from the checkpoint)
@@ -215,9 +216,11 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None,
         if (cfg.checkpoint.every and r % cfg.checkpoint.every == 0) or r == total or preempted:
             _checkpoint(run, r)
         if preempted:
+            _publish_pending(run)
             run.log(f"preemption signal: checkpointed at rollout step {r}; handing over (requeue or exit)")
             preemption.hand_over()
     bar.close()
+    _publish_pending(run)                         # checkpoint.async_save: the last one, before the summary
     return _finish(run)
 
 
@@ -364,19 +367,41 @@ def _throughput(metrics: dict[str, float], gen_tok: int, train_tok: int) -> dict
 
 def _checkpoint(run: Run, r: int) -> None:
     """Step 10: the checkpoint holds the metrics not yet sent; they are flushed once it is published.
-    Sharded (several processes): every rank writes its own shards; rank 0 publishes."""
+    Sharded (several processes): every rank writes its own shards; rank 0 publishes.
+    ``checkpoint.async_save``: the previous checkpoint (written in the background since its step) is
+    published first and the metrics it covers flushed; this one's files are then written in the
+    background, to be published at the next checkpoint or at the end (:func:`_publish_pending`)."""
     p = run.policy
-    run.state.update(mlflow_run_id=run.tracker.run_uuid, pending=run.tracker.buffer,
+    _publish_pending(run)
+    run.state.update(mlflow_run_id=run.tracker.run_uuid, pending=list(run.tracker.buffer),
                      sampler=run.sampler.state_dict(), wall_s=run.wall_s())
     if run.is_main or p.world > 1:
-        save_checkpoint(run.run_dir, r, model=p.module, optimizer=p.optimizer, scheduler=p.scheduler,
-                        state=run.state, keep_last=run.cfg.checkpoint.keep_last,
-                        extra={"lagged": run.lagged.state_dict()} if run.lagged is not None else None)
+        saved = save_checkpoint(run.run_dir, r, model=p.module, optimizer=p.optimizer, scheduler=p.scheduler,
+                                state=run.state, keep_last=run.cfg.checkpoint.keep_last,
+                                extra={"lagged": run.lagged.state_dict()} if run.lagged is not None else None,
+                                async_save=run.cfg.checkpoint.async_save)
+        if run.cfg.checkpoint.async_save:
+            run.pending_checkpoint = (saved, r)
+            return
     if run.is_main:
         faults.kill_point("KILL_AFTER_CHECKPOINT", r)   # test hook: checkpointed, not yet flushed
     run.tracker.flush()                                   # ranks > 0: a disabled tracker drops its copy
     run.state["pending"] = []
     barrier(p.world)
+
+
+def _publish_pending(run: Run) -> None:
+    """``checkpoint.async_save``: wait for the checkpoint being written, publish it, then send the
+    metrics of the rollout steps it covers (the later ones stay buffered for the next checkpoint)."""
+    if run.pending_checkpoint is None:
+        return
+    pending, r = run.pending_checkpoint
+    run.pending_checkpoint = None
+    pending.finish()
+    if run.is_main:
+        faults.kill_point("KILL_AFTER_CHECKPOINT", r)   # test hook: published, not yet flushed
+    run.tracker.flush(up_to=r)
+    barrier(run.policy.world)
 
 
 # =========================================================================== set-up and finish

@@ -276,6 +276,7 @@ class Runs:
     def args(self, name: str, world: int) -> list[str]:
         d = self.root / name
         stale = ["train.staleness=1"] if name.startswith("stale") else []
+        stale += ["checkpoint.async_save=true"] if name.startswith("async") else []
         return [*TRAIN, *stale, f"model.path={self.base}", f"launch.num_processes={world}", f"output_dir={d}",
                 f"logging.tracking_uri=sqlite:///{d / 'mlruns.db'}", "--run-dir", str(d / "run")]
 
@@ -319,6 +320,10 @@ class Runs:
         again = _ok(_torchrun(2, ["-m", "dapo.cli", "train", *self.args(name, 2)]))
         res = self._result(name, [first.stdout + first.stderr, again.stdout])
         return res
+
+    def _async_two(self) -> dict:   # 2 processes, sharded, checkpoints written in the background
+        p = _ok(_torchrun(2, ["-m", "dapo.cli", "train", *self.args("async_two", 2)]))
+        return self._result("async_two", [p.stdout])
 
     def _stale_killed(self) -> dict:   # train.staleness=1, 2 processes, killed and resumed as _killed
         return self._killed("stale_killed")
@@ -442,6 +447,21 @@ def test_stale_rollouts_on_two_sharded_processes_equal_one_process_and_resume(ru
         kern = run["hist"]["mismatch/kernel/abs_diff_max"][1][1]   # to kernel noise), one update from π_old
         lag = run["hist"]["mismatch/lag/abs_diff_max"][1][1]
         assert kern < 1e-4 and lag > 100 * kern, (kern, lag)
+
+
+@pytest.mark.slow
+def test_async_sharded_checkpoints_give_the_same_run_and_publish_every_checkpoint(runs):
+    """checkpoint.async_save on 2 sharded processes (DCP's background save over its own gloo group, every
+    step a checkpoint): the same metrics and final weights as the synchronous run, bit for bit; both
+    checkpoints published, no temporary directory left."""
+    two, asy = runs.get("two"), runs.get("async_two")
+    _compare_metrics(two["hist"], asy["hist"], rel=0.0, abs_=0.0)
+    for k, w in two["final"].items():
+        assert torch.equal(w, asy["final"][k]), k
+    ckpts = runs.root / "async_two" / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000001", "step_000002"]
+    assert sorted(p.name for p in (ckpts / "step_000002" / "shards").glob("*.distcp")) == ["__0_0.distcp",
+                                                                                            "__1_0.distcp"]
 
 
 @pytest.mark.slow

@@ -176,6 +176,30 @@ def test_sigkill_at_four_points_resumes_to_the_uninterrupted_metrics_exactly_onc
     _assert_same_as_reference(reference, store, summary)
 
 
+def test_async_checkpoints_are_published_a_checkpoint_later_and_a_kill_falls_back_to_the_one_before(
+        store, reference, tmp_path):
+    """checkpoint.async_save: the files of checkpoint r are written in the background and published at
+    checkpoint r + 2 (or the end), its metrics sent then. A SIGKILL in the background writer of
+    checkpoint 4, then one after step 5's update (checkpoint 4 written, not yet published), each leave
+    step 2 the latest and MLflow with steps 1-2 only; the last resubmission ends equal to the
+    synchronous reference, every step once."""
+    out, run = tmp_path, tmp_path / "run"
+    ckpts = run / "checkpoints"
+    ref = {**REF, "checkpoint.async_save": True}
+    p = _spawn(store, out, run, ref, {"DAPO_FAULT_KILL_IN_CHECKPOINT": "4"})
+    assert p.returncode == -signal.SIGKILL, p.stdout[-2000:] + p.stderr[-3000:]
+    assert latest_checkpoint(run) == ckpts / "step_000002" and _rollout_steps_logged(store, run) == [1, 2]
+    p = _spawn(store, out, run, ref, {"DAPO_FAULT_KILL_AT_STEP": "5"})
+    assert p.returncode == -signal.SIGKILL, p.stdout[-2000:] + p.stderr[-3000:]
+    assert "resuming from" in p.stdout and "step 4/6" in p.stdout
+    assert latest_checkpoint(run) == ckpts / "step_000002"                  # 4 was never published
+    assert list(ckpts.glob(".tmp_step_000004_*"))[0].joinpath("state.json").exists()   # though fully written
+    assert _rollout_steps_logged(store, run) == [1, 2]
+    summary = train(_cfg(store, out, **ref), run)
+    _assert_same_as_reference(reference, store, summary)
+    assert latest_checkpoint(run) == ckpts / "step_000006" and not list(ckpts.glob(".tmp_*"))
+
+
 # =========================================================================== 3: full disk
 def test_disk_full_during_a_checkpoint_keeps_the_previous_one_and_the_run_resumes(store, reference, tmp_path,
                                                                                    monkeypatch):
