@@ -245,10 +245,10 @@ def test_usr2_mid_step_checkpoints_at_the_step_boundary_then_hands_the_signal_on
     run_dir, at = tmp_path / "run", {"step": 2}
     real_update = train_mod._update
 
-    def update(run, batch, *args):
+    def update(run, batch, *args, **kw):
         if args[-1] == at["step"]:                          # r: the rollout step
             os.kill(os.getpid(), signal.SIGUSR2)
-        return real_update(run, batch, *args)
+        return real_update(run, batch, *args, **kw)
     monkeypatch.setattr(train_mod, "_update", update)
 
     class Requeued(Exception):
