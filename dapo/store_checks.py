@@ -55,7 +55,8 @@ def sqlite_file_problem(db: Path, *, missing_ok: bool = True) -> str | None:
 
     A missing file is fine when ``missing_ok`` (the run creates it; a broken symbolic link is not);
     an empty file is a new database. Otherwise the file must start with SQLite's magic, hold its
-    whole 100-byte header, and answer ``PRAGMA schema_version`` opened read-only."""
+    whole 100-byte header, and answer ``PRAGMA schema_version`` opened read-only (or be locked by a
+    writer, or have a hot journal that the next writer rolls back)."""
     db = Path(db)
     if not db.exists():
         if db.is_symlink():
@@ -80,7 +81,10 @@ def sqlite_file_problem(db: Path, *, missing_ok: bool = True) -> str | None:
         finally:
             conn.close()
     except sqlite3.OperationalError as exc:
-        if "locked" in str(exc):   # a writer holds it right now: readable, just busy
+        # "locked": a writer holds it right now (readable, just busy); "readonly": a writer killed
+        # mid-transaction left a hot journal (mlruns.db-journal) that only a read-write open rolls
+        # back, as the run's own connection will (a killed multi-process run leaves one)
+        if "locked" in str(exc) or "readonly" in str(exc):
             return None
         return damaged
     except sqlite3.DatabaseError:

@@ -656,7 +656,7 @@ def test_a_zero_process_layout_is_a_config_error_not_a_division_by_zero(ov):
 
 
 @pytest.mark.parametrize("case", ["healthy", "empty", "short header", "pages gone", "foreign", "directory",
-                                  "broken link", "missing"])
+                                  "broken link", "missing", "hot journal"])
 def test_one_store_check_for_preflight_tracker_and_analysis(tmp_path, case):
     """The sqlite checks of preflight, the tracker and `dapo figures` are one function
     (dapo.store_checks); a header cut short (< 100 bytes) and pages gone behind a good header
@@ -683,11 +683,26 @@ def test_one_store_check_for_preflight_tracker_and_analysis(tmp_path, case):
         db.mkdir()
     elif case == "broken link":
         db.symlink_to(tmp_path / "nowhere.db")
+    elif case == "hot journal":   # a writer killed mid-transaction (as torchrun's SIGTERM after a rank died)
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE t (x)")
+        con.commit()
+        con.close()
+        code = (f"import os, signal, sqlite3\ncon = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+                "con.execute('PRAGMA cache_size=1'); con.execute('BEGIN')\n"
+                "for _ in range(5000): con.execute('INSERT INTO t VALUES (?)', (b'x' * 200,))\n"
+                "os.kill(os.getpid(), signal.SIGKILL)\n")
+        assert subprocess.run([sys.executable, "-c", code]).returncode == -signal.SIGKILL
+        assert (tmp_path / "mlruns.db-journal").stat().st_size > 0
     bad = {"short header": "is not an SQLite database", "pages gone": "is not an SQLite database",
            "foreign": "is not an SQLite database", "directory": "is a directory",
            "broken link": "broken symbolic link"}.get(case)
     problem = sqlite_file_problem(db)
     assert (problem is None) == (bad is None) and (bad is None or bad in problem), problem
+    if case == "hot journal":   # the next writer rolls the journal back: the committed row is all there is
+        con = sqlite3.connect(db)
+        assert con.execute("SELECT COUNT(*) FROM t").fetchone() == (0,)
+        con.close()
     assert sqlite_problem(db) == problem
     via_analysis = store_problem(f"sqlite:///{db}")
     if case == "missing":
