@@ -114,27 +114,20 @@ class PendingCheckpoint:
         self._wait, self.world, self.rank = wait, world, rank
 
     def finish(self) -> Path:
+        from dapo.distributed import all_gather_object, broadcast_object
+        tag = f"rank {self.rank}: " if self.world > 1 else ""   # which rank failed, where there are several
         err = None
         try:
             self._wait()
         except Exception as exc:  # noqa: BLE001 - the writer's error, reported below (on every rank)
-            err = str(exc) if isinstance(exc, _WriteFailed) else f"{type(exc).__name__}: {exc}"
-        if self.world == 1:
-            if err is None:
-                try:
-                    _publish(self.root, self.tmp, self.final, self.step)
-                except Exception as exc:  # noqa: BLE001
-                    err = f"{type(exc).__name__}: {exc}"
-            errors = [err] if err else []
-        else:
-            from dapo.distributed import all_gather_object, broadcast_object
-            errors = [e for e in all_gather_object(err and f"rank {self.rank}: {err}", self.world) if e]
-            if not errors and self.rank == 0:
-                try:
-                    _publish(self.root, self.tmp, self.final, self.step)
-                except Exception as exc:  # noqa: BLE001
-                    errors = [f"rank 0: {type(exc).__name__}: {exc}"]
-            errors = broadcast_object(errors, self.world)
+            err = tag + (str(exc) if isinstance(exc, _WriteFailed) else f"{type(exc).__name__}: {exc}")
+        errors = [e for e in all_gather_object(err, self.world) if e]
+        if not errors and self.rank == 0:
+            try:
+                _publish(self.root, self.tmp, self.final, self.step)
+            except Exception as exc:  # noqa: BLE001
+                errors = [f"{tag}{type(exc).__name__}: {exc}"]
+        errors = broadcast_object(errors, self.world)
         if errors:
             if self.rank == 0 and self.tmp is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)
@@ -218,15 +211,9 @@ def _start(run_dir: Path, step: int, *, model, optimizer, scheduler, state, keep
         faults.kill_point("KILL_IN_CHECKPOINT", step)   # test hook: die with the checkpoint half written
         torch.save(files["optim.pt"], tmp / "optim.pt")
         (tmp / "state.json").write_text(text)
-    if async_save:
-        return PendingCheckpoint(root, tmp, final, step, keep_last, _in_background(write))
-    try:
-        write()
-    except Exception as exc:  # OSError (full disk, read-only), or torch's RuntimeError wrapping one
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"{final}: could not write checkpoint ({type(exc).__name__}: {exc}); "
-                              f"the previous checkpoint is kept") from exc
-    return PendingCheckpoint(root, tmp, final, step, keep_last, lambda: None)
+    # synchronous: finish() runs write() itself (an OSError of a full disk, or torch's RuntimeError
+    # wrapping one, becomes its CheckpointError naming the path, the temporary directory removed)
+    return PendingCheckpoint(root, tmp, final, step, keep_last, _in_background(write) if async_save else write)
 
 
 def _publish(root: Path, tmp: Path, final: Path, step: int) -> None:
@@ -260,9 +247,6 @@ def _rotate(root: Path, keep_last: int) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
-_CKPT_GROUP: dict[str, Any] = {}   # the gloo group of background (async) DCP saves, made once
-
-
 def _start_sharded(run_dir: Path, step: int, *, model, optimizer, scheduler, state, keep_last: int,
                    extra: dict[str, Any] | None, async_save: bool) -> PendingCheckpoint:
     """Every rank: its model/optimizer shards (DCP; with ``async_save`` staged to CPU memory and written
@@ -272,7 +256,7 @@ def _start_sharded(run_dir: Path, step: int, *, model, optimizer, scheduler, sta
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from dapo.distributed import all_gather_object, broadcast_object
+    from dapo.distributed import all_gather_object, background_group, broadcast_object
 
     rank, world = dist.get_rank(), dist.get_world_size()
     root = run_dir / "checkpoints"
@@ -296,10 +280,8 @@ def _start_sharded(run_dir: Path, step: int, *, model, optimizer, scheduler, sta
         try:
             msd, osd = get_state_dict(model, optimizer)
             if async_save:
-                if "group" not in _CKPT_GROUP:
-                    _CKPT_GROUP["group"] = dist.new_group(backend="gloo")
                 future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDS),
-                                        process_group=_CKPT_GROUP["group"])
+                                        process_group=background_group())
                 wait = future.result
             else:
                 dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDS))   # a collective
@@ -399,8 +381,8 @@ def load_extra(path: str | os.PathLike) -> dict[str, Any]:
         rank, world = dist.get_rank(), dist.get_world_size()
         own = path / f"rng_rank{rank}.pt"
         d = torch.load(own, map_location="cpu", weights_only=True) if own.is_file() else {}
-        saved = d.get("world", torch.load(path / "rng_rank0.pt", map_location="cpu",
-                                          weights_only=True).get("world"))
+        saved = d["world"] if "world" in d else torch.load(path / "rng_rank0.pt", map_location="cpu",
+                                                           weights_only=True).get("world")
         if saved is not None and saved != world:
             raise CheckpointError(f"{path}: its per-rank state (e.g. train.staleness's lagged weights, kept as "
                                   f"shards) was written by {saved} processes; resume it with {saved}, not {world}")

@@ -108,7 +108,8 @@ def check_cuda() -> bool:
         f"bring (they need no `module load cuda`). To run on CPU anyway, set {EXPECT_CUDA_ENV}=0")
 
 
-_groups: dict[str, Any] = {}   # "rollout": the gloo group of the rollout's gathers (created by init_distributed)
+_groups: dict[str, Any] = {}   # "rollout": the gloo group of the rollout's gathers (created by init_distributed);
+                               # "background": that of background checkpoint writes (background_group)
 
 
 def rollout_group() -> Any:
@@ -116,6 +117,16 @@ def rollout_group() -> Any:
     or None (the default group) when :func:`init_distributed` made none (one process, or a group
     made elsewhere)."""
     return _groups.get("rollout")
+
+
+def background_group() -> Any:
+    """A gloo group of its own for collectives that run in a background thread (DCP's ``async_save``),
+    so they never interleave with the training's on the default group. Made on the first call, which
+    is a collective: every rank makes it at the same point."""
+    import torch.distributed as dist
+    if _groups.get("background") is None:
+        _groups["background"] = dist.new_group(backend="gloo")
+    return _groups["background"]
 
 
 def init_distributed(timeout_s: float = 600.0, rollout_timeout_s: float | None = None) -> DistInfo:
