@@ -185,7 +185,7 @@ SWEEP_IDS = {  # sha256 of the comma-joined run ids of `expand`, first 12 hex di
     "table1-mini": "d7b696119bd8",  # seeds 0-9; its seeds 0-5 below are the runs of the first snapshot
     "table1-mini-v1": "7af609a6adbe",  # the v1 regime: the same runs as results/table1-mini-v1
     "clip-higher-stress-mini": "0e2caa91fe82",  # the runs behind results/clip-higher-stress-mini
-    "smollm2-mini": "478ffedda72e",  # the runs behind results/smollm2-mini
+    "smollm2-mini": "3ece677013b2",  # seeds 0-5; its seeds 0-2 below are the runs of the first snapshot
     "soft-punish-x-ds-mini": "d531096cd63d",  # the runs behind results/soft-punish-x-ds-mini
 }
 
@@ -206,7 +206,7 @@ def test_paper_experiment_hashes_with_old_values_are_unchanged(name):
     assert config_hash(load_config(path)) != PAPER_HASHES[name]  # the shipped values are new
 
 
-SWEEP_IDS_FIRST_SEEDS = {"table1-mini": (6, "4fe12b3f0605")}
+SWEEP_IDS_FIRST_SEEDS = {"table1-mini": (6, "4fe12b3f0605"), "smollm2-mini": (3, "478ffedda72e")}
 """A sweep extended with more seeds: the run ids of its first seeds, pinned before the extension."""
 
 

@@ -60,4 +60,4 @@ def test_experiment_and_sweep_resolve():
     spec = load_spec(ROOT / "sweeps/smollm2-mini.yaml")
     assert spec.metric == f"eval/arith1-eval/avg_at_{cfg.eval.k}"
     jobs = expand(spec, output="/tmp/smol-test-runs")
-    assert len(jobs) == 6 and len({j.run_id for j in jobs}) == 6
+    assert len(jobs) == 12 and len({j.run_id for j in jobs}) == 12

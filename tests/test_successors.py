@@ -31,7 +31,7 @@ SWEEP_RUN_IDS = {
     "clip-higher-eps-mini": "cd20f74d4b1f", "clip-higher-eps": "d7019501131d",
     "clip-higher-stress-mini": "0e2caa91fe82", "demo": "6ebc4c17eb2a", "grpo-vs-dapo-mini": "9d07188d964c",
     "grpo-vs-dapo": "06b2adb516dc", "leave-one-out-mini": "1b0574efeb70", "leave-one-out": "f9255d13595d",
-    "smoke-slurm": "e3e0f9530f95", "smollm2-mini": "478ffedda72e", "soft-punish-x-ds-mini": "d531096cd63d",
+    "smoke-slurm": "e3e0f9530f95", "smollm2-mini": "3ece677013b2", "soft-punish-x-ds-mini": "d531096cd63d",
     "table1-mini-fresh": "9ad8af5d6fe6", "table1-mini-v1": "7af609a6adbe", "table1-mini": "d7b696119bd8",
     "table1": "085ed18ce14b",
 }
