@@ -117,17 +117,17 @@ def mismatch_figure(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
     buckets = bucket_means(tidy, sweep)
     present = [b for b in LENGTH_BUCKETS if b in set(buckets["bucket"])]
     width = 0.8 / max(len(arms), 1)
-    with matplotlib.rc_context(STYLE):
-        axes[0].set_yscale("log")
+    with matplotlib.rc_context(STYLE):   # linear axes: a t band may reach below 0, and bars start at 0
         for i, arm in enumerate(arms):
             sub = buckets[buckets["arm"] == arm.name].set_index("bucket").reindex(present)
             axes[1].bar(np.arange(len(present)) + (i - (len(arms) - 1) / 2) * width, sub["k3"].to_numpy(float),
                         width=width, color=ctx.colors.get(arm.name, "#333333"), label=arm.label)
-        axes[1].set_yscale("log")
+        for ax in axes:
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     fig = _finish(ctx, fig, axes, 0, "rollout–trainer mismatch", ylabels=["k3 (nats/token)", "k3 (nats/token)"],
                   panel_titles=["(a) over training", "(b) by response length (tokens)"],
                   note="k3 = mean(ρ − log ρ − 1), ρ = π_old / π_rollout; (b) each run's mean over its steps, "
-                       "then the mean over seeds; log axes: a value ≤ 0 (float noise) is not drawn", legend_all=True)
+                       "then the mean over seeds; (a) bands: 95% t over seeds", legend_all=True)
     with matplotlib.rc_context(STYLE):   # after _finish, whose integer locator would replace the buckets
         axes[1].set_xticks(np.arange(len(present)), [_BUCKET_LABEL[b] for b in present])
         axes[1].set_xlabel("response length (tokens)")

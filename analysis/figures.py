@@ -36,7 +36,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from .arms import TOGGLES, arms_with_runs, baseline_arm, dapo_arm, find_pair, flat_arm_configs
-from .metric_names import (EVAL_RE, LABELS, PROBABILITY, X_LABELS, dataset_name, is_paper_metric, mask_undefined, metric_label,
+from .metric_names import (EVAL_RE, LABELS, NONNEGATIVE, PROBABILITY, X_LABELS, dataset_name, is_paper_metric, mask_undefined, metric_label,
                            metric_scale, metric_short, primary_metric)
 from .runs import ArmInfo, SweepInfo, arm_order
 from .stats import ALPHA, BAND_METHOD, seed_band
@@ -251,6 +251,8 @@ def _draw(ctx: _Ctx, ax, metric: str, arm: ArmInfo, *, color=None, label=None, l
     top = 100.0 if s == 100 else (1.0 if metric in PROBABILITY else None)
     if top is not None:                            # a fraction's or a probability's band stays in its range
         lo, hi = np.clip(lo, 0.0, top), np.clip(hi, 0.0, top)
+    elif metric in NONNEGATIVE:
+        lo = np.maximum(lo, 0.0)
     has = np.isfinite(lo) & np.isfinite(hi)
     lone = has & ~np.r_[False, has[:-1]] & ~np.r_[has[1:], False]  # a band point between gaps draws nothing
     lo, hi = np.where(lone, np.nan, lo), np.where(lone, np.nan, hi)  # ... and must not size the axis

@@ -37,6 +37,9 @@ PERCENT = {"sampling/all_correct_frac", "sampling/all_wrong_frac", "rollout/acc_
 """Non-eval metrics that are fractions in [0, 1] (shown in %)."""
 PROBABILITY = {"train/token_prob_mean", "train/up_clipped_prob_mean"}
 """Non-eval metrics that are probabilities, shown as logged, in [0, 1] (a band is clipped there)."""
+NONNEGATIVE = {"mismatch/k3", "train/entropy", "rollout/response_len_mean"}
+"""Non-eval metrics that cannot be negative by construction (a KL estimate, an entropy, a length):
+a band's lower end is clipped at 0, where a t interval over few seeds may reach below it."""
 X_LABELS = {"grad_step": "gradient step", "rollout_step": "rollout step"}
 PAPER_METRIC = "eval/aime24/avg_at_32"
 """The metric of the paper's Table 1 and figures (AIME 2024 avg@32): only a sweep scored by it

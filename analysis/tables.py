@@ -26,7 +26,7 @@ from .stats import (SEEDS_NEEDED_METHOD, effect_verdict, holm, interval_label, m
                     run_finals, sd_interval, seeds_needed_sign_flip, t_interval)
 
 __all__ = ["table1", "format_table1", "table1_footnote", "primary_pairs", "family_table", "format_family",
-           "decision_rule", "loop_seconds", "compare_table", "paired_line", "cost_ledger", "format_cost", "COST_NOTE",
+           "decision_rule", "comparison_label", "loop_seconds", "compare_table", "paired_line", "cost_ledger", "format_cost", "COST_NOTE",
            "to_markdown", "to_csv", "to_latex"]
 
 TABLE1_COLUMNS = ["arm", "label", "ours", "ci_lo", "ci_hi", "n_seeds", "paper", "diff",
@@ -65,6 +65,24 @@ def primary_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = N
             seen.add((off.name, on.name))
             out.append((off, on))
     return out
+
+
+def _settings(label: str) -> dict[str, str] | None:
+    """``"rollout_dtype=float32, mode=none"`` (a grid arm's label) → its settings; None for any other label."""
+    parts = [p.partition("=") for p in label.split(", ")]
+    return {k: v for k, _, v in parts} if all(k and eq for k, eq, _ in parts) else None
+
+
+def comparison_label(on: ArmInfo, off: ArmInfo) -> str:
+    """"ON vs OFF"; for two grid arms with the same keys, only what differs, then what they share:
+    ``"mode none → tis (rollout_dtype=float32)"`` instead of the two full labels."""
+    a, b = on.label or on.name, off.label or off.name
+    sa, sb = _settings(a), _settings(b)
+    if sa is None or sb is None or sa.keys() != sb.keys() or sa == sb:
+        return f"{a} vs {b}"
+    diff = ", ".join(f"{k} {sb[k]} → {sa[k]}" for k in sa if sa[k] != sb[k])
+    same = ", ".join(f"{k}={sa[k]}" for k in sa if sa[k] == sb[k])
+    return f"{diff} ({same})" if same else diff
 
 
 def _isolates(off: ArmInfo, on: ArmInfo, acfg: dict) -> str:
@@ -107,7 +125,7 @@ def family_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = No
         delta = paper_delta(off, on, acfg)
         lo_sd, hi_sd = sd_interval(r.sd, r.n)
         need = [seeds_needed_sign_flip(sd, delta, POWER, alpha / max(m, 1)) for sd in (r.sd, lo_sd, hi_sd)]
-        rows.append({"comparison": f"{on.label or on.name} vs {off.label or off.name}", "off": off.name,
+        rows.append({"comparison": comparison_label(on, off), "off": off.name,
                      "on": on.name, "isolates": _isolates(off, on, acfg), "paper_delta": delta,
                      "mean": r.mean, "lo": r.lo, "hi": r.hi, "level": r.level, "method": r.method, "n": r.n,
                      "seeds": ",".join(str(x) for x in r.seeds), "sd": r.sd, "p": r.p, "margin": r.margin,

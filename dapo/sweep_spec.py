@@ -352,6 +352,12 @@ def _grid_keys(grid) -> list[str]:
     return short if len(set(short)) == len(short) else [k for k, _ in grid]
 
 
+def _grid_label_keys(grid) -> list[str]:
+    """The grid keys as arm labels show them: the last two dotted parts (``dynamic_sampling.enabled``,
+    ``clip.eps_high``), which say what a bare ``enabled`` or ``mode`` does not."""
+    return [".".join(k.split(".")[-2:]) for k, _ in grid]
+
+
 def _grid_arm_names(grid) -> list[str]:
     """``eps_high-0.28__lr-1e-05``: names that satisfy NAME_RE."""
     def fmt(v: Any) -> str:
@@ -370,7 +376,7 @@ def arms(spec: Spec) -> list[Arm]:
         combos = list(itertools.product(*(vals for _, vals in spec.grid)))
         for name, combo in zip(_grid_arm_names(spec.grid), combos):
             ov = {k: v for (k, _), v in zip(spec.grid, combo)}
-            label = ", ".join(f"{k}={v}" for k, v in zip(_grid_keys(spec.grid), combo))
+            label = ", ".join(f"{k}={v}" for k, v in zip(_grid_label_keys(spec.grid), combo))
             out.append(Arm(name, label, ov, spec.paper.get(name)))
         return out
     b, ts = spec.baseline, spec.techniques

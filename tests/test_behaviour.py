@@ -82,3 +82,16 @@ def test_the_figure_and_the_report_section():
     assert text.startswith("## The behaviour policy") and "fig_mismatch.png" in text
     none = tidy[~tidy["metric"].str.startswith("mismatch/")]
     assert mismatch_figure(none, sweep, configs) is None and behaviour_section(mismatch_table(none, sweep), {}, False) == []
+
+
+def test_the_figure_is_linear_and_no_band_reaches_below_zero():
+    """k3 ≥ 0 by construction: a t band over seeds that would reach below 0 (one seed 100× the others)
+    is clipped at 0, and both panels are linear (bars start at 0; a log axis hid such bands)."""
+    tidy, configs, sweep = _sweep()
+    wild = (tidy["arm"] == "fp32") & (tidy["seed"] == 5) & (tidy["metric"] == "mismatch/k3")
+    tidy.loc[wild, "value"] *= 100
+    fig = mismatch_figure(tidy, sweep, configs)
+    assert [ax.get_yscale() for ax in fig.axes] == ["linear", "linear"]
+    lows = [c.get_paths()[0].vertices[:, 1].min() for c in fig.axes[0].collections if c.get_paths()]
+    assert lows and min(lows) == 0.0
+    assert fig.axes[1].get_ylim()[0] == 0.0

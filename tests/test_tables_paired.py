@@ -190,3 +190,16 @@ def test_a_two_by_two_grid_declares_its_four_simple_effects_and_the_corner():
                        "algo.loss_agg": "token_mean"}) for a, (sp, ds) in cells.items()))
     pairs = [(o.name, n.name) for o, n in primary_pairs(normalize_tidy(pd.DataFrame(rows)), sweep)]
     assert pairs == [("nn", "sn"), ("nd", "sd"), ("nn", "nd"), ("sn", "sd"), ("nn", "sd")]
+
+
+def test_a_grid_pair_is_labelled_by_what_differs():
+    from analysis.runs import ArmInfo
+    from analysis.tables import comparison_label
+    f32 = ArmInfo("f", "rollout_dtype=float32, mode=none")
+    on = ArmInfo("t", "rollout_dtype=float32, mode=tis")
+    both = ArmInfo("bt", "rollout_dtype=bfloat16, mode=tis")
+    assert comparison_label(on, f32) == "mode none → tis (rollout_dtype=float32)"
+    assert comparison_label(both, f32) == "rollout_dtype float32 → bfloat16, mode none → tis"
+    assert comparison_label(ArmInfo("dapo", "DAPO"), ArmInfo("grpo", "naive GRPO")) == "DAPO vs naive GRPO"
+    assert comparison_label(ArmInfo("h", "eps_high=0.28"), ArmInfo("l", "eps_high=0.2")) == "eps_high 0.2 → 0.28"
+    assert comparison_label(ArmInfo("a", "lr=1"), ArmInfo("b", "x=2, y=3")) == "lr=1 vs x=2, y=3"  # other keys
