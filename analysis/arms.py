@@ -24,7 +24,8 @@ from .metric_names import primary_metric
 from .runs import ArmInfo, SweepInfo, arm_order
 
 __all__ = ["TOGGLES", "DAPO_TOGGLES", "PAPER_STEP", "PAPER_FULL_STEP", "paper_delta", "Toggle", "Pair", "toggle_state", "arm_configs", "flat_arm_configs", "arms_with_runs",
-           "find_pair", "exact_pairs", "toggle_states", "dapo_arm", "baseline_arm", "infer_sweep_info"]
+           "find_pair", "exact_pairs", "toggle_states", "dapo_arm", "baseline_arm", "infer_sweep_info",
+           "grid_change"]
 
 
 # --------------------------------------------------------------------------- techniques
@@ -129,6 +130,24 @@ def paper_delta(off: ArmInfo, on: ArmInfo, flat: dict[str, dict] | None = None) 
     if off.paper is not None and on.paper is not None:
         return float(on.paper) - float(off.paper)
     return float(sum(PAPER_STEP[t] for t in diff)) if diff and all(t in PAPER_STEP for t in diff) else float("nan")
+
+
+def _settings(label: str) -> dict[str, str] | None:
+    """``"model.rollout_dtype=float32, rollout_correction.mode=none"`` (a grid arm's label) → its settings;
+    None for any other label."""
+    parts = [p.partition("=") for p in label.split(", ")]
+    return {k: v for k, _, v in parts} if all(k and eq for k, eq, _ in parts) else None
+
+
+def grid_change(off: ArmInfo, on: ArmInfo) -> str | None:
+    """What differs between two grid arms with the same keys, then what they share:
+    ``"rollout_correction.mode none → tis (model.rollout_dtype=float32)"``; None for other arms."""
+    a, b = _settings(off.label or ""), _settings(on.label or "")
+    if a is None or b is None or a.keys() != b.keys() or a == b:
+        return None
+    diff = ", ".join(f"{k} {a[k]} → {b[k]}" for k in a if a[k] != b[k])
+    same = ", ".join(f"{k}={a[k]}" for k in a if a[k] == b[k])
+    return f"{diff} ({same})" if same else diff
 
 
 def toggle_states(off_cfg: dict[str, Any], on_cfg: dict[str, Any]) -> dict[str, tuple[bool | None, bool | None]]:

@@ -44,7 +44,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .arms import TOGGLES, baseline_arm, find_pair
+from .arms import TOGGLES, baseline_arm, find_pair, grid_change
 from .metric_names import equivalence_margin, metric_scale, primary_metric
 from .runs import SweepInfo
 from .stats import effect_verdict, interval_label, level_verdict, paired_diff, t_interval, t_test_p
@@ -205,7 +205,8 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
         if p is None:
             return None
         also = f" (also differ: {', '.join(p.other_toggles)})" if p.other_toggles else ""
-        return p.off.name, p.on.name, f"{p.off.name} → {p.on.name}{also}", not p.other_toggles
+        arms = grid_change(p.off, p.on) or f"{p.off.name} → {p.on.name}"
+        return p.off.name, p.on.name, f"{arms}{also}", not p.other_toggles
 
     if (p := pair("clip_higher")) is not None:
         off, on, pair_label, iso = p

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .arms import (DAPO_TOGGLES, arms_with_runs, baseline_arm, dapo_arm, exact_pairs, flat_arm_configs, paper_delta,
-                   toggle_states)
+from .arms import (DAPO_TOGGLES, arms_with_runs, baseline_arm, dapo_arm, exact_pairs, flat_arm_configs, grid_change,
+                   paper_delta, toggle_states)
 from .metric_names import (dataset_name, equivalence_margin, is_paper_metric, mask_undefined, metric_scale,
                            metric_short, primary_metric)
 from .runs import ArmInfo, SweepInfo
@@ -67,22 +67,9 @@ def primary_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = N
     return out
 
 
-def _settings(label: str) -> dict[str, str] | None:
-    """``"rollout_dtype=float32, mode=none"`` (a grid arm's label) → its settings; None for any other label."""
-    parts = [p.partition("=") for p in label.split(", ")]
-    return {k: v for k, _, v in parts} if all(k and eq for k, eq, _ in parts) else None
-
-
 def comparison_label(on: ArmInfo, off: ArmInfo) -> str:
-    """"ON vs OFF"; for two grid arms with the same keys, only what differs, then what they share:
-    ``"mode none → tis (rollout_dtype=float32)"`` instead of the two full labels."""
-    a, b = on.label or on.name, off.label or off.name
-    sa, sb = _settings(a), _settings(b)
-    if sa is None or sb is None or sa.keys() != sb.keys() or sa == sb:
-        return f"{a} vs {b}"
-    diff = ", ".join(f"{k} {sb[k]} → {sa[k]}" for k in sa if sa[k] != sb[k])
-    same = ", ".join(f"{k}={sa[k]}" for k in sa if sa[k] == sb[k])
-    return f"{diff} ({same})" if same else diff
+    """"ON vs OFF", or for two grid arms only what differs (:func:`analysis.arms.grid_change`)."""
+    return grid_change(off, on) or f"{on.label or on.name} vs {off.label or off.name}"
 
 
 def _isolates(off: ArmInfo, on: ArmInfo, acfg: dict) -> str:
