@@ -28,6 +28,8 @@ than one full-length response at a single sequence's decode speed; the update at
 ``(6 + 2·checkpointing)·P`` FLOP per trained token (+ ``2·P`` for the old-log-prob forward when a
 batch feeds several optimizer steps) and a stated MFU; the weight sync as one all-gather of the
 model in the rollout dtype (bf16) (sleep level 2 drops vLLM's weights; the push refills them).
+Checkpoints (:func:`checkpoint_time`): what the loop waits for each one, synchronous or
+``checkpoint.async_save``, amortized per step, and the host memory an asynchronous one holds.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from dapo.config import Config, ConfigError, load_config
 from dapo.helptext import help_text
 
 __all__ = ["ModelShape", "KNOWN_MODELS", "model_shape", "Assumptions", "Term", "Plan", "memory_plan",
-           "step_time", "render", "check_fits", "check_sweep", "main"]
+           "step_time", "checkpoint_time", "render", "render_checkpoints", "check_fits", "check_sweep", "main"]
 
 GiB = 2 ** 30
 
@@ -170,11 +172,14 @@ class Assumptions:
     vllm_act_gib: float = 2.0            # vLLM's activations and CUDA graphs inside its reservation
     vllm_sleep_gib: float = 1.0          # what a sleeping engine still holds (sleep level 2 drops weights
                                          # and KV cache; the next weight push refills them)
+    fs_write_gbs: float = 10.0           # GB/s all ranks together write checkpoint shards to the shared FS
+    d2h_gbs: float = 20.0                # GB/s per GPU of the device-to-host copy (async checkpoints)
 
     def check(self) -> "Assumptions":
         """Every assumption finite and in its range (a zero MFU would divide by zero, a negative overhead
         would make anything fit); ConfigError naming the flag otherwise."""
-        lo_open = {"peak_tflops", "decode_tps_32b", "seq_decode_tps", "allgather_gbs", "mean_response_tokens"}
+        lo_open = {"peak_tflops", "decode_tps_32b", "seq_decode_tps", "allgather_gbs", "mean_response_tokens",
+                   "fs_write_gbs", "d2h_gbs"}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             flag = "--" + f.name.replace("_", "-")
@@ -355,6 +360,33 @@ def step_time(cfg: Config, shape: ModelShape, a: Assumptions = Assumptions()) ->
             "step_s": gen_s + update_s + sync_s}
 
 
+def checkpoint_time(cfg: Config, shape: ModelShape, step_s: float, a: Assumptions = Assumptions()) -> dict[str, float]:
+    """What checkpoints cost the loop (``dapo.checkpoint``). Pure.
+
+    A checkpoint holds the fp32 master weights and AdamW's two fp32 moments, 12·P bytes over all ranks
+    (+ 4·P per step of ``train.staleness``: the lagged weights), each rank writing its shard. Synchronous,
+    the loop waits for the whole write at ``fs_write_gbs`` (all ranks together). With
+    ``checkpoint.async_save`` it waits only for its shard's copy to host memory at ``d2h_gbs``, and each
+    node holds its GPUs' shards in host memory while the write runs; the write must end within
+    ``every`` steps, or the next checkpoint waits for the rest. ``every`` 0 saves once, at the end.
+    Keys: bytes, host_bytes_per_node, write_s, copy_s and late_s (async), wait_s (per checkpoint), per_step_s
+    (wait / every), saves."""
+    L, c = cfg.launch, cfg.checkpoint
+    gpus = L.num_nodes * L.num_processes
+    total = (12 + 4 * cfg.train.staleness) * shape.params
+    write_s = total / (a.fs_write_gbs * 1e9)
+    every = c.every or cfg.train.rollout_steps
+    if c.async_save:
+        copy_s = total / gpus / (a.d2h_gbs * 1e9)
+        late_s = max(0.0, write_s - every * step_s)        # a write still running when the next checkpoint begins
+        host = total / L.num_nodes
+    else:
+        copy_s, late_s, host = 0.0, 0.0, 0.0
+    wait_s = copy_s + late_s if c.async_save else write_s
+    return {"bytes": total, "host_bytes_per_node": host, "write_s": write_s, "copy_s": copy_s, "late_s": late_s,
+            "wait_s": wait_s, "per_step_s": wait_s / every, "saves": math.ceil(cfg.train.rollout_steps / every)}
+
+
 def overlapped_step_time(cfg: Config, shape: ModelShape, a: Assumptions = Assumptions()) -> Optional[dict[str, float]]:
     """The one-step-off layout, priced (not built; ``train.staleness=1`` is its deterministic reference):
     g of the G GPUs generate step r + 1 while the other G − g update on step r, so a step takes
@@ -418,7 +450,29 @@ def render(plan: Plan, times: dict[str, float], a: Assumptions, where: str) -> l
             f"{a.allgather_gbs} GB/s per GPU",
             f"  {t['step_s']:8.0f}  step; {cfg.train.rollout_steps} steps ≈ {t['step_s'] * cfg.train.rollout_steps / 3600:.1f} h "
             f"= {t['step_s'] * cfg.train.rollout_steps / 3600 * plan.gpus:,.0f} GPU-hours (eval and checkpoints not counted)",
+            *render_checkpoints(cfg, checkpoint_time(cfg, s, t["step_s"], a), a),
             "", "assumptions: " + ", ".join(f"{f.name}={getattr(a, f.name)}" for f in dataclasses.fields(a))]
+    return out
+
+
+def render_checkpoints(cfg: Config, ck: dict[str, float], a: Assumptions) -> list[str]:
+    """The checkpoint lines of the plan (:func:`checkpoint_time`)."""
+    c = cfg.checkpoint
+    every = f"every {c.every} steps" if c.every else "at the end only"
+    out = ["", f"## Checkpoints ({every}, {ck['saves']:.0f} in the run; "
+               f"{'async_save: written in the background' if c.async_save else 'synchronous'})",
+           f"  {ck['bytes'] / 1e9:8.1f}  GB per checkpoint: fp32 master + AdamW's two moments (12·P"
+           f"{f' + 4·P × staleness {cfg.train.staleness}' if cfg.train.staleness else ''}), "
+           f"written at {a.fs_write_gbs:g} GB/s in {ck['write_s']:.0f} s"]
+    if c.async_save:
+        late = f", + {ck['late_s']:.0f} s for the write still running from the one before" if ck["late_s"] else ""
+        out.append(f"  {ck['wait_s']:8.1f}  s the loop waits per checkpoint: its shard copied to host memory at "
+                   f"{a.d2h_gbs:g} GB/s per GPU{late}")
+        out.append(f"  {ck['host_bytes_per_node'] / GiB:8.1f}  GiB of host memory per node held while it is written")
+    else:
+        out.append(f"  {ck['wait_s']:8.1f}  s the loop waits per checkpoint (the whole write; "
+                   f"checkpoint.async_save=true waits only for the copy to host memory)")
+    out.append(f"  {ck['per_step_s']:8.1f}  s per rollout step, amortized")
     return out
 
 

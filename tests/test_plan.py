@@ -296,3 +296,27 @@ def test_the_update_phase_matches_a_measured_peak_on_cpu_within_15_percent(tmp_p
         assert "logits gradient (bf16, 1792 response tokens)" in names if bf16 else \
             "logits gradient (fp32, 1792 response tokens)" in names
         assert 0.85 <= r["ratio"] <= 1.15, (bf16, r["plan"] / 2 ** 20, r["measured"] / 2 ** 20)
+
+
+def test_checkpoints_are_priced_by_hand():
+    """12·P bytes (fp32 master + two AdamW moments) + 4·P per staleness step; synchronous, the loop waits for
+    the whole write at fs_write_gbs; async_save only for its shard's copy to host (+ any write the next
+    checkpoint catches still running), and each node holds its GPUs' shards in host memory meanwhile."""
+    cfg = load_config(EXP32)                                     # 16 nodes × 8 GPUs, every 5 steps
+    shape = plan.model_shape(cfg.model.path)
+    P, a = shape.params, plan.Assumptions()
+    sync = plan.checkpoint_time(cfg, shape, 769.0, a)
+    assert sync["bytes"] == 12 * P and sync["wait_s"] == pytest.approx(12 * P / 10e9)
+    assert sync["per_step_s"] == pytest.approx(12 * P / 10e9 / 5) and sync["saves"] == 60
+    on = load_config(EXP32, ["checkpoint.async_save=true"])
+    asy = plan.checkpoint_time(on, shape, 769.0, a)
+    assert asy["wait_s"] == pytest.approx(12 * P / 128 / 20e9) and asy["late_s"] == 0.0
+    assert asy["host_bytes_per_node"] == pytest.approx(12 * P / 16)
+    slow = plan.checkpoint_time(on, shape, 1.0, plan.Assumptions(fs_write_gbs=1.0))   # a 393 s write, 5 s apart
+    assert slow["late_s"] == pytest.approx(12 * P / 1e9 - 5.0)
+    stale = plan.checkpoint_time(load_config(EXP32, ["train.staleness=2"]), shape, 769.0, a)
+    assert stale["bytes"] == 20 * P
+    end_only = plan.checkpoint_time(load_config(EXP32, ["checkpoint.every=0"]), shape, 769.0, a)
+    assert end_only["saves"] == 1 and end_only["per_step_s"] == pytest.approx(12 * P / 10e9 / 300)
+    text = "\n".join(plan.render_checkpoints(on, asy, a))
+    assert "async_save" in text and "GiB of host memory per node" in text
