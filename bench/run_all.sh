@@ -28,6 +28,8 @@ fi
   $PY -m bench.bench_rollout $ROLL || echo "bench_rollout FAILED"; echo
   echo '```'; echo "\$ python -m bench.step_breakdown"; echo '```'
   $PY -m bench.step_breakdown || echo "step_breakdown FAILED"; echo
+  echo '```'; echo "\$ python -m bench.step_breakdown --snapshot results/mismatch-mini/snapshot --thresholds 0.2,0.21"; echo '```'
+  $PY -m bench.step_breakdown --snapshot results/mismatch-mini/snapshot --thresholds 0.2,0.21 || echo "step_breakdown FAILED"; echo
   echo '```'; echo "\$ python -m bench.bench_analysis $ANA"; echo '```'
   $PY -m bench.bench_analysis $ANA || echo "bench_analysis FAILED"; echo
   echo '```'; echo "\$ python -m bench.bench_coverage $COV"; echo '```'

@@ -14,6 +14,7 @@ sampling/gen_tokens, sampling/kept_groups per rollout step) and prints two table
 
     python -m bench.step_breakdown                                  # the committed mini snapshot
     python -m bench.step_breakdown --snapshot results/table1-mini/snapshot
+    python -m bench.step_breakdown --snapshot results/mismatch-mini/snapshot --thresholds 0.2,0.21
     python -m bench.step_breakdown --tracking-uri sqlite:///runs/table1-mini/mlruns.db --sweep table1-mini
 """
 
@@ -52,12 +53,16 @@ def main(argv: list[str] | None = None) -> int:
           f"python {platform.python_version()}\n")
     print("## Where a step's time goes (mean seconds per rollout step, steps >= 2; eval amortized)\n")
     cols = parts + ["other", "time/step_s"]
-    print("| arm | " + " | ".join(c.split("/")[-1] for c in cols) + " | other % |")
-    print("|---|" + "---|" * (len(cols) + 1))
+    print("| arm | " + " | ".join(c.split("/")[-1] for c in cols) + " | other % | π_old pass % (bypass skips it) |")
+    print("|---|" + "---|" * (len(cols) + 2))
     for arm, g in wide.groupby("arm", sort=False):
         med = g[cols].mean()
         print(f"| {arm} | " + " | ".join(f"{med[c]:.2f}" for c in cols)
-              + f" | {100 * med['other'] / med['time/step_s']:.1f}% |")
+              + f" | {100 * med['other'] / med['time/step_s']:.1f}% | {100 * med['time/old_logprob_s'] / med['time/step_s']:.1f}% |")
+    print("\nπ_old pass: the extra forward over the batch that recomputes the old log-probs when a batch "
+          "feeds several optimizer steps; `algo.old_logprobs=rollout` (bypass) takes the rollout's log-probs "
+          "instead and skips it, so that column is bypass's saving per step (0 with one optimizer step per "
+          "rollout, where there is no such pass).")
     print("\n## Dynamic sampling's price (per kept group, mean over steps)\n")
     print("| arm | dynamic sampling | gen rounds | generated tokens / kept group | rollout s / kept group |")
     print("|---|---|---|---|---|")
