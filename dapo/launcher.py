@@ -22,6 +22,7 @@ Config and calls :func:`dapo.train.train` (or ``accelerate launch -m dapo.train`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -307,7 +308,10 @@ def _read_record(path: Path, what: str) -> Any:
 
 def load_records(output: str | os.PathLike, name: str) -> dict:
     """``<output>/sweeps/<name>/submissions.json`` (empty record if none; a damaged one is a ConfigError)."""
-    p = _records_path(Path(output).resolve(), name)
+    return _load_records_file(_records_path(Path(output).resolve(), name), name)
+
+
+def _load_records_file(p: Path, name: str) -> dict:
     if not p.is_file():
         return {"sweep": name, "submissions": []}
     rec = _read_record(p, "the sweep's submission record")
@@ -319,6 +323,34 @@ def load_records(output: str | os.PathLike, name: str) -> dict:
         raise ConfigError(f"{p}: the sweep's submission record has an unexpected shape; move it aside "
                           f"(it is rebuilt from what runs next)")
     return rec
+
+
+@contextlib.contextmanager
+def _records_lock(path: Path):
+    """Exclusive ``flock`` beside the submission record while one submission re-reads and rewrites it."""
+    import fcntl
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(".submissions.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)   # releases the lock
+
+
+def _save_record(path: Path, name: str, record: dict) -> None:
+    """This submission's ``record`` into the sweep's record file, replacing its earlier state (same id).
+    Under a lock and re-read first: another ``dapo sweep submit`` of the same sweep (other arms or seeds,
+    into the same output) may be saving its own record at the same time, and must not be overwritten."""
+    with _records_lock(path):
+        records = _load_records_file(path, name)
+        subs = records["submissions"]
+        at = next((i for i, s in enumerate(subs) if s.get("id") == record["id"]), None)
+        if at is None:
+            subs.append(record)
+        else:
+            subs[at] = record
+        _write_json(path, records)
 
 
 def _requeue_count(path: Path) -> int:
@@ -630,8 +662,7 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
     folder = out / "sweeps" / spec.name / "submitit" / record["id"]
     record["folder"] = str(folder)
     path = _records_path(out, spec.name)
-    records = load_records(out, spec.name)
-    records["submissions"].append(record)
+    save = lambda: _save_record(path, spec.name, record)  # noqa: E731
     entries = [{"run_id": j.run_id, "arm": j.arm, "seed": j.seed, "run_dir": str(j.run_dir), "job_id": None}
                for j in todo]
     record["jobs"] = entries
@@ -643,17 +674,17 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
         for e, sj in zip(entries, sjobs):
             e["job_id"] = sj.job_id
         record["array_job_id"] = sjobs[0].job_id.split("_")[0]
-        _write_json(path, records)
+        save()
         for j, e in zip(todo, entries):
             log(f"  {j.arm:<24} seed {j.seed:<3} {j.run_id}  job {e['job_id']}")
         log(f"submitted {len(sjobs)} jobs as Slurm job array {record['array_job_id']} (at most "
             f"{params['array_parallelism']} at a time); logs in {folder}")
         return record
     record["waiter_pid"] = str(os.getpid())
-    _write_json(path, records)
+    save()
     stop = path.with_name("cancel-requested")
     stop.unlink(missing_ok=True)
-    _run_local(spec, profile, params, folder, todo, entries, lambda: _write_json(path, records), log, stop)
+    _run_local(spec, profile, params, folder, todo, entries, save, log, stop)
     return record
 
 

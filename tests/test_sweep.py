@@ -533,3 +533,38 @@ def test_arms_option_runs_a_subset_with_the_same_run_ids(tmp_path, capsys):
     assert shared == {"token_loss", "dynamic_sampling"}
     assert sweep_main(["expand", str(spec), "--arms", "nope", "--output", str(tmp_path)]) == 2
     assert "'nope' not among" in capsys.readouterr().err
+
+
+def test_two_submissions_of_one_sweep_keep_both_records(tmp_path):
+    """Two `dapo sweep submit` of the same sweep into one output (e.g. other --arms), saving while both
+    run: each save re-reads the file under its lock and replaces only its own record (by id), so neither
+    overwrites the other (each used to rewrite the whole file from the copy it read at its start)."""
+    import multiprocessing as mp
+
+    from dapo import launcher
+    path = tmp_path / "sweeps" / "s" / "submissions.json"
+    a = {"id": "A", "executor": "local", "jobs": [{"run_id": "r1", "job_id": None}]}
+    b = {"id": "B", "executor": "local", "jobs": [{"run_id": "r2", "job_id": None}]}
+    launcher._save_record(path, "s", a)
+    launcher._save_record(path, "s", b)
+    a["jobs"][0]["job_id"] = "101"                      # A starts its job and saves again
+    launcher._save_record(path, "s", a)
+    subs = launcher.load_records(tmp_path, "s")["submissions"]
+    assert [s["id"] for s in subs] == ["A", "B"] and subs[0]["jobs"][0]["job_id"] == "101"
+    ctx = mp.get_context("fork")                        # and from several processes at once: nothing lost
+    procs = [ctx.Process(target=_save_many, args=(path, k)) for k in ("P", "Q", "R")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    ids = [s["id"] for s in launcher.load_records(tmp_path, "s")["submissions"]]
+    assert sorted(ids) == ["A", "B", "P", "Q", "R"]
+
+
+def _save_many(path, key):
+    from dapo import launcher
+    rec = {"id": key, "executor": "local", "jobs": [{"run_id": key, "job_id": None}]}
+    for i in range(30):
+        rec["jobs"][0]["job_id"] = str(i)
+        launcher._save_record(path, "s", rec)
