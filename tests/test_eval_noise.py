@@ -214,7 +214,7 @@ def test_problems_round_trip_through_snapshot_and_records_on_disk(tmp_path):
     # a snapshot without records has none, and re-snapshotting without them removes a stale file
     snapshot(tidy, {}, SWEEP, snap)
     assert load_problems(snap) is None
-    assert load_problems(REPO / "results" / "smollm2-mini" / "snapshot") is None   # runs that predate records
+    assert load_problems(REPO / "results" / "table1-mini-v1" / "snapshot") is None   # runs that predate records
 
 
 # --------------------------------------------------------------------------- the committed snapshot

@@ -65,7 +65,7 @@ def test_the_percentile_bootstrap_over_three_seeds_is_their_range_and_covers_75(
 
 
 def test_the_sign_flip_interval_by_hand():
-    d = [8.02, 12.50, 11.38]                      # smollm2-mini's DAPO − GRPO per seed
+    d = [8.02, 12.50, 11.38]                      # smollm2-mini's DAPO − GRPO, seeds 0-2
     iv = sign_flip_interval(d)
     assert (iv.lo, iv.hi, iv.level, iv.method) == (8.02, 12.50, 0.75, "sign-flip")   # [min, max], 75%
     six = sign_flip_interval([3.0, -1.0, 2.0, 5.0, 0.5, 4.0])
