@@ -379,10 +379,9 @@ def checkpoint_time(cfg: Config, shape: ModelShape, step_s: float, a: Assumption
     if c.async_save:
         copy_s = total / gpus / (a.d2h_gbs * 1e9)
         late_s = max(0.0, write_s - every * step_s)        # a write still running when the next checkpoint begins
-        host = total / L.num_nodes
+        host, wait_s = total / L.num_nodes, copy_s + late_s
     else:
-        copy_s, late_s, host = 0.0, 0.0, 0.0
-    wait_s = copy_s + late_s if c.async_save else write_s
+        copy_s, late_s, host, wait_s = 0.0, 0.0, 0.0, write_s
     return {"bytes": total, "host_bytes_per_node": host, "write_s": write_s, "copy_s": copy_s, "late_s": late_s,
             "wait_s": wait_s, "per_step_s": wait_s / every, "saves": math.ceil(cfg.train.rollout_steps / every)}
 
