@@ -471,7 +471,7 @@ def build_base_model(
             raise FileExistsError(f"{out} exists and is not a base model directory; refusing to replace it")
         if progress:
             print(f"[dapo] building the base model {out.name} ({recipe.steps} supervised steps of preset "
-                  f"{recipe.preset}; ~13 min per 400 steps on a 2-core CPU); it is built once and reused "
+                  f"{recipe.preset}; ~7 min per 400 steps on an idle 2-core CPU, longer beside other work); it is built once and reused "
                   f"from {out}", file=sys.stderr, flush=True)
         record = _build(out, recipe, h, threads=threads, progress=progress)
     record["reused"] = False
@@ -532,14 +532,14 @@ def named_recipe(name: str) -> dict[str, Any] | None:
     warm = kw.get("warmup_steps", Recipe.warmup_steps)
     if not warm <= n <= MAX_NAMED_STEPS:
         raise ValueError(f"model.path = {name!r}: {base}:<supervised steps> takes {warm} to {MAX_NAMED_STEPS} steps "
-                         f"(at least its {warm} warm-up steps; {Recipe.steps} by default, ~13 min on a CPU), "
+                         f"(at least its {warm} warm-up steps; {Recipe.steps} by default, ~7 min on an idle 2-core CPU), "
                          f"e.g. {base}:150")
     Recipe(**kw)      # every other field checked as a build would check it
     return kw
 
 
 MAX_NAMED_STEPS = 100_000
-"""The most supervised steps ``<recipe>:STEPS`` may ask for (400 take ~13 min on a CPU: 100 000, two days)."""
+"""The most supervised steps ``<recipe>:STEPS`` may ask for (400 take ~7 min on an idle 2-core CPU: 100 000, about a day)."""
 
 
 def resolve_policy_path(name: str) -> Path | str:

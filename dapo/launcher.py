@@ -22,7 +22,6 @@ Config and calls :func:`dapo.train.train` (or ``accelerate launch -m dapo.train`
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
@@ -38,6 +37,7 @@ import submitit
 
 from dapo.config import ConfigError, build_config, to_dict
 from dapo.cluster import ClusterProfile, check_resources
+from dapo.file_lock import held_flock
 from dapo.preflight import finished_summary
 from dapo.store_checks import sqlite_path
 from dapo.sweep_spec import Job, Spec, arms, expand
@@ -325,24 +325,11 @@ def _load_records_file(p: Path, name: str) -> dict:
     return rec
 
 
-@contextlib.contextmanager
-def _records_lock(path: Path):
-    """Exclusive ``flock`` beside the submission record while one submission re-reads and rewrites it."""
-    import fcntl
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_name(".submissions.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)   # releases the lock
-
-
 def _save_record(path: Path, name: str, record: dict) -> None:
     """This submission's ``record`` into the sweep's record file, replacing its earlier state (same id).
     Under a lock and re-read first: another ``dapo sweep submit`` of the same sweep (other arms or seeds,
     into the same output) may be saving its own record at the same time, and must not be overwritten."""
-    with _records_lock(path):
+    with held_flock(path.with_name(".submissions.lock")):
         records = _load_records_file(path, name)
         subs = records["submissions"]
         at = next((i for i, s in enumerate(subs) if s.get("id") == record["id"]), None)

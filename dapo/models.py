@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from dapo.file_lock import try_flock
+
 __all__ = [
     "CHAR_VOCAB",
     "SPECIAL_TOKENS",
@@ -254,13 +256,7 @@ def _open_locked(path: Path) -> int | None:
 
     The lock file is unlinked on release; a lock taken on a file that was unlinked (or replaced)
     meanwhile is no lock, so it is dropped and None returned (the caller tries again)."""
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    if (fd := try_flock(path)) is None:
         return None
     try:
         same = os.path.samestat(os.fstat(fd), os.stat(path))

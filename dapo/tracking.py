@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from dapo import faults
+from dapo.file_lock import held_flock
 from dapo.store_checks import SERVER_SCHEMES, default_store_uri, scheme, server_problem, sqlite_path
 from dapo.yaml_io import (PASSWORD_ENV_VAR, PASSWORD_FILE_VAR, password_refusal,  # the one place passwords
                           redact, uri_password)                                  # are found (config uses it)
@@ -126,23 +127,10 @@ def store_lock(uri: str, timeout_s: float = 600.0) -> Iterator[None]:
     if path is None or not hasattr(os, "O_RDWR"):
         yield
         return
-    import fcntl
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TrackingError(f"MLflow store {uri}: {path}.lock held by another process "
-                                        f"for {timeout_s:.0f}s") from None
-                time.sleep(0.05 + 0.1 * random.random())
+    def busy() -> TrackingError:
+        return TrackingError(f"MLflow store {uri}: {path}.lock held by another process for {timeout_s:.0f}s")
+    with held_flock(f"{path}.lock", timeout_s, busy):
         yield
-    finally:
-        os.close(fd)   # releases the lock
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
