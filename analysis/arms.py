@@ -23,7 +23,7 @@ from dapo.config import flatten
 from .metric_names import primary_metric
 from .runs import ArmInfo, SweepInfo, arm_order
 
-__all__ = ["TOGGLES", "DAPO_TOGGLES", "PAPER_STEP", "PAPER_FULL_STEP", "paper_delta", "Toggle", "Pair", "toggle_state", "arm_configs", "flat_arm_configs", "arms_with_runs",
+__all__ = ["TOGGLES", "DAPO_TOGGLES", "PAPER_STEP", "PAPER_FULL_STEP", "paper_delta", "Toggle", "Pair", "dapo_pairs", "toggle_state", "arm_configs", "flat_arm_configs", "arms_with_runs",
            "find_pair", "exact_pairs", "toggle_states", "dapo_arm", "baseline_arm", "infer_sweep_info",
            "grid_change"]
 
@@ -92,6 +92,12 @@ TOGGLES: dict[str, Toggle] = {
                        absent=False),
     "drop_solved": Toggle("drop solved prompts", ("data.drop_solved",), lambda c: _truthy(c["data.drop_solved"]),
                           absent=False),
+    # off-policyness (issue 26): rollouts sampled with weights k updates old (any k > 0), and the bypass
+    # objective (π_old := π_rollout, so the lag reaches the clipped ratio instead of a correction)
+    "staleness": Toggle("stale rollouts", ("train.staleness",), lambda c: int(c["train.staleness"]) > 0,
+                        absent=False),
+    "bypass": Toggle("bypass objective (π_old = π_rollout)", ("algo.old_logprobs",),
+                     lambda c: c["algo.old_logprobs"] == "rollout", absent=False),
 }
 DAPO_TOGGLES = ("overlong_filter", "clip_higher", "soft_punish", "token_loss", "dynamic_sampling")
 """The paper's five techniques (Table 1); the other toggles are its successors'."""
@@ -279,6 +285,36 @@ def exact_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = Non
                 out.append(Pair(diff[0][0], off, on))
     order = list(TOGGLES)
     return sorted(out, key=lambda p: order.index(p.toggle))           # stable: arm order within a technique
+
+
+def dapo_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
+               *, _acfg: dict | None = None) -> list[tuple[ArmInfo, ArmInfo, str]]:
+    """Every (off, on, setting) where ``on`` is ``off`` with all of DAPO's techniques switched on and
+    nothing else changed: naive GRPO → DAPO once per setting of the other keys (a staleness sweep:
+    at k = 0, 1, 2). ``setting``: how ``off`` differs from the first such pair's ``off`` ("" for the
+    first; e.g. "train.staleness=1"). In arm order."""
+    arms = arms_with_runs(tidy, sweep)
+    acfg = _acfg if _acfg is not None else flat_arm_configs(tidy, sweep, configs)
+    dkeys = {k for t in DAPO_TOGGLES for k in TOGGLES[t].keys}
+    out: list[tuple[ArmInfo, ArmInfo]] = []
+    for off in arms:
+        for on in arms:
+            co, cn = acfg[off.name], acfg[on.name]
+            states = toggle_states(co, cn)
+            # overlong filtering is off in the paper's DAPO: either state, the same in both arms
+            if any(states[t] != (False, True) for t in DAPO_TOGGLES if t != "overlong_filter") \
+                    or any(a != b for t, (a, b) in states.items() if t not in DAPO_TOGGLES[1:]):
+                continue
+            if not any(k not in dkeys and _differ(co.get(k), cn.get(k)) for k in set(co) | set(cn)):
+                out.append((off, on))
+    if not out:
+        return []
+    ref = acfg[out[0][0].name]
+
+    def setting(off: ArmInfo) -> str:
+        c = acfg[off.name]
+        return ", ".join(f"{k}={c.get(k)}" for k in sorted(set(ref) | set(c)) if _differ(ref.get(k), c.get(k)))
+    return [(off, on, setting(off)) for off, on in out]
 
 
 def dapo_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,

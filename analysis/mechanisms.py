@@ -29,6 +29,11 @@ dynamic sampling          its pair: gradient steps to a pooled threshold (the me
 bf16 rollout → mismatch   fp32 vs bf16 engine: ``mismatch/k3`` last quarter, on − off (rises)
 rollout correction        none vs a correction: last-quarter entropy and clipped tokens, on − off
                           (no direction predicted: "differs")
+staleness → mismatch      each pair that changes only ``train.staleness`` (0 → k): ``mismatch/k3``
+                          (π_old vs π_rollout, now holding the lag) last quarter, on − off (rises)
+staleness → entropy       the same pairs: last-quarter entropy, on − off (either way)
+bypass → clipping         decoupled vs bypass (π_old = π_rollout): clipped tokens, last quarter,
+                          on − off (rises: the lag is then inside the clipped ratio)
 <successor> binds         its arm: the fraction its own metric counts (:data:`SUCCESSORS`;
                           GSPO's clipped sequences, CISPO's capped weights, Clip-Cov's /
                           KL-Cov's selected tokens), %
@@ -44,7 +49,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .arms import TOGGLES, baseline_arm, find_pair, grid_change
+from .arms import TOGGLES, baseline_arm, exact_pairs, find_pair, grid_change
 from .metric_names import equivalence_margin, metric_scale, primary_metric
 from .runs import SweepInfo
 from .stats import effect_verdict, interval_label, level_verdict, paired_diff, t_interval, t_test_p
@@ -270,16 +275,16 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
             rows.append(_diff("bf16 rollout → mismatch", "mismatch/k3, last quarter, on − off (nats/token)",
                               pair_label, _by_seed(a, "last"), _by_seed(b, "last"), "fig_mismatch", predicted=1,
                               isolated=iso))
+    def last(metric: str, arm: str, scale: float = 1.0):
+        v = w(metric, arm)
+        return _by_seed(v, "last", scale) if len(v) else None
+
+    def clipped(arm: str):   # % of tokens clipped at either end, last quarter
+        lo, hi = last("train/clip_frac_low", arm, pct), last("train/clip_frac_high", arm, pct)
+        return None if lo is None or hi is None else lo.add(hi, fill_value=0.0)
+
     if (p := pair("rollout_correction")) is not None:
         off, on, pair_label, iso = p
-
-        def last(metric: str, arm: str, scale: float = 1.0):
-            v = w(metric, arm)
-            return _by_seed(v, "last", scale) if len(v) else None
-
-        def clipped(arm: str):   # % of tokens clipped at either end, last quarter
-            lo, hi = last("train/clip_frac_low", arm, pct), last("train/clip_frac_high", arm, pct)
-            return None if lo is None or hi is None else lo.add(hi, fill_value=0.0)
         for metric, what, a, b in (("train/entropy", "train/entropy", last("train/entropy", off),
                                     last("train/entropy", on)),
                                    (None, "clipped tokens, %", clipped(off), clipped(on))):
@@ -287,6 +292,23 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
                 rows.append(_diff("rollout correction", f"{what}, last quarter, on − off", pair_label, a, b,
                                   "fig_mismatch", predicted=0, margin=equivalence_margin(metric, sweep.margins),
                                   isolated=iso))
+    # off-policyness: every pair that changes only the staleness (k = 0 → 1, 0 → 2, for each algorithm)
+    for sp in (q for q in exact_pairs(tidy, sweep, configs) if q.toggle == "staleness"):
+        pair_label = grid_change(sp.off, sp.on) or f"{sp.off.name} → {sp.on.name}"
+        for name, metric, what, predicted in (
+                ("staleness → mismatch", "mismatch/k3", "mismatch/k3 (π_old vs π_rollout), last quarter, on − off "
+                                                        "(nats/token)", 1),
+                ("staleness → entropy", "train/entropy", "train/entropy, last quarter, on − off", 0)):
+            a, b = last(metric, sp.off.name), last(metric, sp.on.name)
+            if a is not None and b is not None:
+                rows.append(_diff(name, what, pair_label, a, b, "fig_mismatch" if metric.startswith("mismatch")
+                                  else "fig2", predicted=predicted, margin=equivalence_margin(metric, sweep.margins)))
+    if (p := pair("bypass")) is not None:
+        off, on, pair_label, iso = p
+        a, b = clipped(off), clipped(on)
+        if a is not None and b is not None:   # π_old := π_rollout: the lag is in the clipped ratio itself
+            rows.append(_diff("bypass → clipping", "clipped tokens, %, last quarter, on − off", pair_label, a, b,
+                              "fig3", predicted=1, isolated=iso))
     for toggle, (own, what, above, predicted) in SUCCESSORS.items():
         if (p := pair(toggle)) is None:
             continue

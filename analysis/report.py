@@ -26,6 +26,7 @@ writes::
                 problems.parquet   (also, when the runs' eval_records/ are under --runs: per-problem outcomes)
     figures/    fig1..fig7 .png + .pdf (a figure the sweep cannot show is listed, not drawn)
     table1.md table1.csv table1.tex family.csv eval_noise.csv compare.md cost.csv mechanisms.csv learning.csv
+    gain.csv (only when DAPO vs GRPO is run in two or more settings, e.g. staleness)
     mismatch.csv, figures/fig_mismatch.*   only when the runs logged mismatch/* (analysis.behaviour)
     report.md
     reading.md  the human-written reading; never overwritten unless a new one is given
@@ -53,8 +54,8 @@ from .runs import (SnapshotError, SweepInfo, load_problems, load_runs, load_snap
                    snapshot, store_problem)
 from .metric_names import primary_metric
 from .stats import BAND_METHOD
-from .tables import (COST_NOTE, compare_table, cost_ledger, decidable_note, decision_rule, family_table, format_cost,
-                     format_family, format_table1, loop_seconds, paired_line, table1, table1_footnote, to_csv, to_latex,
+from .tables import (COST_NOTE, GAIN_NOTE, compare_table, cost_ledger, decidable_note, decision_rule, family_table, format_cost,
+                     format_family, format_gain, format_table1, gain_table, loop_seconds, paired_line, table1, table1_footnote, to_csv, to_latex,
                      to_markdown)
 
 __all__ = ["write_report", "main"]
@@ -177,6 +178,9 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
     written.append(to_csv(cost, out / "cost.csv"))
     mech = mechanism_table(tidy, sweep, configs)
     written.append(to_csv(mech, out / "mechanisms.csv"))
+    gain = gain_table(tidy, sweep, configs, final_k)
+    if len(gain):
+        written.append(to_csv(gain, out / "gain.csv"))
     behaviour = mismatch_table(tidy, sweep)
     mfig = mismatch_figure(tidy, sweep, configs) if len(behaviour) else None
     if len(behaviour):
@@ -213,7 +217,7 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              + (f"; analysis commit {meta['commit']}" if meta.get("commit") else "")
              + "".join(f"; plus {m['n_runs']} runs from the snapshot of {m.get('created')} (commit {m.get('commit')})"
                        for m in meta.get("merged") or []),
-             "", decision_rule(int(fam.attrs.get("m", len(fam)))), "",
+             "", decision_rule(int(fam.attrs.get("m", len(fam))), declared=bool(sweep.family)), "",
              *([note, ""] if (note := decidable_note(int(fam.attrs.get("m", len(fam))),
                                                      int(fam["n"].min()) if len(fam) else 0)) else []),
              "## The primary family", "",
@@ -230,6 +234,8 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              "[arm-vs-arm comparison](compare.md).", "",
              *passk_section(curves, labels),
              *([f"![pass@k](figures/fig_passk.png)", ""] if pfig is not None else []),
+             *(["## Does DAPO's gain hold in every setting?", "", to_markdown(format_gain(gain)),
+                GAIN_NOTE + " Numbers: [gain.csv](gain.csv).", ""] if len(gain) else []),
              "## Do the mechanisms act?", "",
              to_markdown(format_mechanisms(mech)) if len(mech) else "No mechanism metric in these runs.",
              MECHANISMS_NOTE + " Numbers: [mechanisms.csv](mechanisms.csv).", "",

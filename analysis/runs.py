@@ -87,12 +87,15 @@ class SweepInfo:
     final_k: int = 3                           # "final" = mean of the last final_k evaluations
     title_tag: str | None = None               # figure titles "Fig. 2 (<tag>): ..."; None: "mini" unless AIME
     margins: dict[str, float] = field(default_factory=dict)  # metric → declared TOST margin (the spec's ``margins``)
+    family: tuple[tuple[str, str], ...] = ()   # the declared primary family, (off, on) arm names (the spec's
+                                               # ``family``); () = the default (analysis.tables.primary_pairs)
 
     def __post_init__(self):
         if self.kind not in SWEEP_KINDS:
             raise ValueError(f"SweepInfo.kind = {self.kind!r}: expected one of {', '.join(SWEEP_KINDS)}")
         object.__setattr__(self, "arms", tuple(
             a if isinstance(a, ArmInfo) else ArmInfo(**a) for a in self.arms))
+        object.__setattr__(self, "family", tuple((str(off), str(on)) for off, on in self.family))
 
     def arm(self, name: str) -> ArmInfo:
         for a in self.arms:
@@ -103,6 +106,10 @@ class SweepInfo:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["arms"] = [asdict(a) for a in self.arms]
+        if not self.family:
+            d.pop("family")     # a sweep.json without a declared family stays as it was
+        else:
+            d["family"] = [list(p) for p in self.family]
         return d
 
     @classmethod

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .arms import (DAPO_TOGGLES, arms_with_runs, baseline_arm, dapo_arm, exact_pairs, flat_arm_configs, grid_change,
+from .arms import (DAPO_TOGGLES, arms_with_runs, baseline_arm, dapo_arm, dapo_pairs, exact_pairs, flat_arm_configs, grid_change,
                    paper_delta, toggle_states)
 from .metric_names import (dataset_name, equivalence_margin, is_paper_metric, mask_undefined, metric_scale,
                            metric_short, primary_metric)
@@ -26,7 +26,7 @@ from .stats import (SEEDS_NEEDED_METHOD, effect_verdict, holm, interval_label, m
                     run_finals, sd_interval, seeds_needed_sign_flip, t_interval)
 
 __all__ = ["table1", "format_table1", "table1_footnote", "primary_pairs", "family_table", "format_family",
-           "decision_rule", "comparison_label", "loop_seconds", "compare_table", "paired_line", "cost_ledger", "format_cost", "COST_NOTE",
+           "gain_table", "format_gain", "GAIN_NOTE", "decision_rule", "comparison_label", "loop_seconds", "compare_table", "paired_line", "cost_ledger", "format_cost", "COST_NOTE",
            "to_markdown", "to_csv", "to_latex"]
 
 TABLE1_COLUMNS = ["arm", "label", "ours", "ci_lo", "ci_hi", "n_seeds", "paper", "diff",
@@ -44,12 +44,17 @@ POWER, ALPHA = 0.8, 0.05
 def primary_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None) -> list[tuple[ArmInfo, ArmInfo]]:
     """The sweep's declared primary family: the (off, on) arm pairs whose tests are Holm-adjusted together.
 
-    A ladder: every step (row − the row above); other kinds: every pair of arms that differs in
-    exactly one technique and nothing else (:func:`analysis.arms.exact_pairs`: a 2 × 2 grid gives
-    its four simple effects). Then the full arm vs the baseline (DAPO − naive GRPO), unless it is
-    already in. Everything else the report shows is exploratory.
+    A family the spec declares (``family``: [off, on] pairs) is that, in its order (pairs whose arms
+    have no runs yet left out). Else a ladder: every step (row − the row above); other kinds: every
+    pair of arms that differs in exactly one technique and nothing else
+    (:func:`analysis.arms.exact_pairs`: a 2 × 2 grid gives its four simple effects). Then the full
+    arm vs the baseline (DAPO − naive GRPO), unless it is already in. Everything else the report
+    shows is exploratory.
     """
     arms = arms_with_runs(tidy, sweep)
+    if sweep.family:
+        by_name = {a.name: a for a in arms}
+        return [(by_name[off], by_name[on]) for off, on in sweep.family if off in by_name and on in by_name]
     acfg = flat_arm_configs(tidy, sweep, configs)
     pairs: list[tuple[ArmInfo, ArmInfo]] = []
     if sweep.kind == "ladder":
@@ -304,11 +309,13 @@ def format_table1(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def decision_rule(m: int, alpha: float = ALPHA) -> str:
-    """The rule every report states at its top (one paragraph)."""
-    return (f"**Decision rule.** The primary family is declared before looking: each step of the ladder (a row "
-            f"vs the row above; for other sweeps, each pair that isolates one technique) and the full arm vs the "
-            f"baseline — here {m} comparison{'s' if m != 1 else ''} of the sweep's metric, final value per run, "
+def decision_rule(m: int, alpha: float = ALPHA, *, declared: bool = False) -> str:
+    """The rule every report states at its top (one paragraph); ``declared``: the spec names the family."""
+    which = ("the comparisons the sweep spec lists under `family`" if declared else
+             "each step of the ladder (a row vs the row above; for other sweeps, each pair that isolates one "
+             "technique) and the full arm vs the baseline")
+    return (f"**Decision rule.** The primary family is declared before looking: {which} — here {m} "
+            f"comparison{'s' if m != 1 else ''} of the sweep's metric, final value per run, "
             f"paired by seed. Each is tested with the two-sided exact sign-flip test; p is Holm-adjusted over the "
             f"family and a verdict comes from the adjusted p alone: p_Holm ≤ {alpha} in the paper's direction: "
             f"**reproduces**; in the other: **harms here** (**contradicts** only on the paper's own metric); "
@@ -337,6 +344,73 @@ def decidable_note(m: int, pairs: int, alpha: float = ALPHA) -> str:
                 f"{2 / 2 ** pairs:.3f}, and Holm over {m} needs {alpha / m:.4f} for its first row")
     return (f"**What these seeds can decide: nothing yet.** {what}; {need} pairs per comparison are the fewest "
             f"with which a row of this family can be decided. The differences below are directions, not findings.")
+
+
+# --------------------------------------------------------------------------- DAPO's gain by setting
+GAIN_NOTE = ("**Exploratory** (p unadjusted). Per setting of the keys other than DAPO's techniques (e.g. the "
+             "rollout staleness): DAPO − naive GRPO on the sweep's metric (final value per run, paired by seed), "
+             "and how that gain differs from the first setting's: per seed (gain here − gain in the first setting), "
+             "a difference of differences with its exact sign-flip interval and test. \"differs\" when its p ≤ 0.05, "
+             "\"bounded null\" when TOST bounds it inside the metric's margin, else \"inconclusive\".")
+"""What the gain table shows (under it in report.md)."""
+
+
+def gain_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None, final_k: int | None = None, *,
+               metric: str | None = None) -> pd.DataFrame:
+    """DAPO's gain over naive GRPO in each setting (:func:`analysis.arms.dapo_pairs`), when there are two or
+    more: one row per setting. Columns: setting, off, on; gain, gain_lo, gain_hi, gain_level,
+    gain_method, gain_p (:func:`analysis.stats.paired_diff` of on − off); change, change_lo, change_hi,
+    change_level, change_method, change_p, change_p_tost, change_verdict (paired by seed: this setting's
+    gain − the first setting's; NaN in the first row); n (seeds in all four arms for a change, in both
+    for the first row). In the metric's shown unit (% for accuracies). Empty below two settings."""
+    final_k = final_k or sweep.final_k
+    metric = metric or sweep.metric or primary_metric(tidy)
+    cols = ["setting", "off", "on", "gain", "gain_lo", "gain_hi", "gain_level", "gain_method", "gain_p",
+            "change", "change_lo", "change_hi", "change_level", "change_method", "change_p", "change_p_tost",
+            "change_verdict", "n"]
+    pairs = dapo_pairs(tidy, sweep, configs) if metric else []
+    if len(pairs) < 2:
+        return pd.DataFrame(columns=cols)
+    scale = metric_scale(tidy, metric)
+    finals = run_finals(tidy, metric, final_k)
+    margin = equivalence_margin(metric, sweep.margins)
+    gains = [(_seed_finals(finals, on.name, scale) - _seed_finals(finals, off.name, scale)).dropna()
+             for off, on, _ in pairs]
+    rows = []
+    for i, ((off, on, setting), g) in enumerate(zip(pairs, gains)):
+        r = paired_diff(_seed_finals(finals, off.name, scale), _seed_finals(finals, on.name, scale))
+        c = paired_diff(gains[0], g, margin=margin) if i else None
+        rows.append({"setting": setting or "(first)", "off": off.name, "on": on.name, "gain": r.mean,
+                     "gain_lo": r.lo, "gain_hi": r.hi, "gain_level": r.level, "gain_method": r.method,
+                     "gain_p": r.p,
+                     **({"change": c.mean, "change_lo": c.lo, "change_hi": c.hi, "change_level": c.level,
+                         "change_method": c.method, "change_p": c.p, "change_p_tost": c.p_tost,
+                         "change_verdict": effect_verdict(c.mean, c.p, c.p_tost, predicted=0)} if c else
+                        {"change": np.nan, "change_lo": np.nan, "change_hi": np.nan, "change_level": np.nan,
+                         "change_method": "", "change_p": np.nan, "change_p_tost": np.nan, "change_verdict": ""}),
+                     "n": c.n if c else r.n})
+    out = pd.DataFrame(rows, columns=cols)
+    out.attrs.update(metric=metric, scale=scale, margin=margin)
+    return out
+
+
+def format_gain(df: pd.DataFrame) -> pd.DataFrame:
+    """The gain table as shown in report.md."""
+    unit = " (pp)" if df.attrs.get("scale", 1.0) == 100 else ""
+    return pd.DataFrame({
+        "setting": df["setting"], "GRPO → DAPO": [f"{a} → {b}" for a, b in zip(df["off"], df["on"])],
+        f"DAPO − GRPO{unit} [interval]": [_fmt_diff_ci(m, lo, hi, 2, lv, me, with_level=True) for m, lo, hi, lv, me in
+                                          zip(df["gain"], df["gain_lo"], df["gain_hi"], df["gain_level"],
+                                              df["gain_method"])],
+        "p": [_fmt_p(v) for v in df["gain_p"]],
+        f"change from the first setting{unit} [interval]": [
+            _fmt_diff_ci(m, lo, hi, 2, lv, me, with_level=True) if np.isfinite(m) else "–"
+            for m, lo, hi, lv, me in zip(df["change"], df["change_lo"], df["change_hi"], df["change_level"],
+                                         df["change_method"])],
+        "p (change)": [_fmt_p(v) for v in df["change_p"]],
+        "TOST p (change)": [_fmt_p(v) for v in df["change_p_tost"]],
+        "seeds": df["n"], "verdict (exploratory)": [v or "–" for v in df["change_verdict"]],
+    })
 
 
 def format_family(df: pd.DataFrame) -> pd.DataFrame:

@@ -16,6 +16,9 @@ metric the analysis reads and the resources one job needs::
     paper: {arm_name: 41.0}              # optional paper value per arm (grid; or any kind)
     margins: {train/entropy: 0.005}      # optional: equivalence (TOST) margins per metric, in the unit
                                          # the report shows (% for accuracies); defaults: docs/STATISTICS.md
+    family: [[grpo, dapo]]               # optional: the primary family, declared (pairs [off, on] of arm
+                                         # names); default: every pair that isolates one technique + the
+                                         # baseline vs DAPO (docs/STATISTICS.md)
     seeds: [0, 1, 2]
     metric: eval/aime24/avg_at_32        # primary eval metric of the analysis
     final_k: 3                           # final value = mean of the last final_k evaluations
@@ -123,6 +126,7 @@ class Spec:
     extra_overrides: dict[str, Any] = field(default_factory=dict)   # from --set (already in base_overrides)
     only_arms: tuple[str, ...] = ()   # from --arms: expand only these arms (empty: all); run ids do not depend on it
     margins: dict[str, float] = field(default_factory=dict)   # metric → TOST margin (shown unit), for the analysis
+    family: tuple[tuple[str, str], ...] = ()   # the declared primary family, (off, on) arm names; () = the default
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,7 @@ class Job:
 
 _TOP_KEYS = {"name", "description", "base", "base_overrides", "kind", "techniques", "baseline", "full",
              "grid", "paper", "seeds", "metric", "final_k", "resources", "max_concurrent", "max_requeues",
-             "margins"}
+             "margins", "family"}
 _TECH_KEYS = {"name", "label", "overrides", "paper"}
 
 
@@ -324,6 +328,7 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
         if not m > 0:
             raise ConfigError(f"{where}: margins.{str(k)[:200]} = {show(v)}: an equivalence margin must be > 0")
         margins[check_text(k, "margins (metric name)", where)] = float(m)
+    family = _family(raw.get("family"), where)
     resources = _resources(raw.get("resources"), where)
     spec = Spec(path=path, name=name, base=base, kind=kind, base_overrides=base_overrides,
                 techniques=techniques, baseline=baseline, full=full, grid=grid, paper=paper, seeds=seeds,
@@ -331,7 +336,7 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
                 max_concurrent=check_int(raw.get("max_concurrent", 1), "max_concurrent", where, lo=1),
                 max_requeues=check_int(raw.get("max_requeues", 3), "max_requeues", where, lo=0),
                 description=str(raw.get("description", "")), extra_overrides=dict(extra_overrides or {}),
-                margins=margins)
+                margins=margins, family=family)
     names = [a.name for a in arms(spec)]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
@@ -341,8 +346,31 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
     if unknown_paper:
         raise ConfigError(f"{where}: paper.{sorted(unknown_paper)[0]}: no such arm "
                           f"(arms: {', '.join(a.name for a in arms(spec))})")
+    unknown_family = next((n for pair in family for n in pair if n not in names), None)
+    if unknown_family is not None:
+        raise ConfigError(f"{where}: family: {unknown_family!r}: no such arm (arms: {', '.join(names)})")
     _check_arms(spec)
     return spec
+
+
+def _family(raw: Any, where: str) -> tuple[tuple[str, str], ...]:
+    """The spec's ``family``: a list of ``[off, on]`` arm-name pairs, distinct, each of two different arms
+    (the names are checked against the arms by the caller). Absent: ()."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{where}: family = {show(raw)}: expected a non-empty list of [off arm, on arm] pairs")
+    out: list[tuple[str, str]] = []
+    for i, pair in enumerate(raw):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise ConfigError(f"{where}: family[{i}] = {show(pair)}: expected [off arm, on arm]")
+        off, on = (check_name(x, f"family[{i}]", where) for x in pair)
+        if off == on:
+            raise ConfigError(f"{where}: family[{i}] = [{off}, {on}]: an arm compared with itself")
+        if (off, on) in out or (on, off) in out:
+            raise ConfigError(f"{where}: family[{i}] = [{off}, {on}]: this pair is already in the family")
+        out.append((off, on))
+    return tuple(out)
 
 
 # =========================================================================== arms and jobs
@@ -492,5 +520,6 @@ def sweep_info(spec: Spec | str | os.PathLike) -> dict:
         spec = load_spec(spec)
     return {"name": spec.name, "kind": spec.kind, "metric": spec.metric, "final_k": spec.final_k,
             **({"margins": dict(spec.margins)} if spec.margins else {}),
+            **({"family": [list(p) for p in spec.family]} if spec.family else {}),
             "arms": [{"name": a.name, "label": a.label, "overrides": dict(a.overrides), "paper": a.paper}
                      for a in arms(spec)]}
