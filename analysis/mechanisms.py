@@ -32,6 +32,8 @@ rollout correction        none vs a correction: last-quarter entropy and clipped
 staleness → mismatch      each pair that changes only ``train.staleness`` (0 → k): ``mismatch/k3``
                           (π_old vs π_rollout, now holding the lag) last quarter, on − off (rises)
 staleness → entropy       the same pairs: last-quarter entropy, on − off (either way)
+staleness → steps         the same pairs: gradient steps to a pooled accuracy, as for dynamic
+                          sampling (either way: efficiency; the final accuracy is the ceiling)
 bypass → clipping         decoupled vs bypass (π_old = π_rollout): clipped tokens, last quarter,
                           on − off (rises: the lag is then inside the clipped ratio)
 <successor> binds         its arm: the fraction its own metric counts (:data:`SUCCESSORS`;
@@ -243,26 +245,34 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
                                   _by_seed(a, "last", s), _by_seed(b, "last", s), "fig8", predicted=-1,
                                   margin=equivalence_margin(metric, sweep.margins), isolated=iso))
     metric = sweep.metric or primary_metric(tidy)
+
+    def steps_row(name: str, off: str, on: str, pair_label: str, fig: str, *, predicted: int,
+                  isolated: bool = True) -> dict | None:
+        """Gradient steps until ``metric`` first reaches a threshold pooled over both arms, on − off."""
+        t_off, t_on = w(metric, off), w(metric, on)
+        if not (len(t_off) and len(t_on)):
+            return None
+        seeds = sorted(set(t_off["seed"]) & set(t_on["seed"]))
+        # pooled over both arms' paired runs: swapping the arms leaves it where it is, so the
+        # sign-flip test stays exact (the two arms are exchangeable under H0)
+        thr = float(np.nanmean(np.concatenate([t_off.set_index("seed").loc[seeds, "last"].to_numpy(float),
+                                               t_on.set_index("seed").loc[seeds, "last"].to_numpy(float)])))
+        a, b = steps_to_reach(tidy, metric, off, thr), steps_to_reach(tidy, metric, on, thr)
+        never = int(a.reindex(seeds).isna().sum() + b.reindex(seeds).isna().sum())
+        cap = next_evaluation(tidy, metric, (off, on))
+        gap = evaluation_gap(tidy, metric, (off, on))
+        a, b = a.fillna(cap), b.fillna(cap)
+        sc = metric_scale(tidy, metric)
+        return _diff(name, f"gradient steps to {metric} ≥ {thr * sc:.3g}"
+                     f"{'%' if sc == 100 else ''} (pooled: both arms' last-quarter mean), on − off; "
+                     f"resolution {gap:.0f} steps (one evaluation)" +
+                     (f"; {never} runs never reach it and count as {cap:.0f}, the next evaluation"
+                      if never else ""), pair_label, a, b, fig, predicted=predicted, isolated=isolated)
+
     if (p := pair("dynamic_sampling")) is not None and metric is not None:
         off, on, pair_label, iso = p
-        t_off, t_on = w(metric, off), w(metric, on)
-        if len(t_off) and len(t_on):
-            seeds = sorted(set(t_off["seed"]) & set(t_on["seed"]))
-            # pooled over both arms' paired runs: swapping the arms leaves it where it is, so the
-            # sign-flip test stays exact (the two arms are exchangeable under H0)
-            thr = float(np.nanmean(np.concatenate([t_off.set_index("seed").loc[seeds, "last"].to_numpy(float),
-                                                   t_on.set_index("seed").loc[seeds, "last"].to_numpy(float)])))
-            a, b = steps_to_reach(tidy, metric, off, thr), steps_to_reach(tidy, metric, on, thr)
-            never = int(a.reindex(seeds).isna().sum() + b.reindex(seeds).isna().sum())
-            cap = next_evaluation(tidy, metric, (off, on))
-            gap = evaluation_gap(tidy, metric, (off, on))
-            a, b = a.fillna(cap), b.fillna(cap)
-            sc = metric_scale(tidy, metric)
-            rows.append(_diff("dynamic sampling", f"gradient steps to {metric} ≥ {thr * sc:.3g}"
-                              f"{'%' if sc == 100 else ''} (pooled: both arms' last-quarter mean), on − off; "
-                              f"resolution {gap:.0f} steps (one evaluation)" +
-                              (f"; {never} runs never reach it and count as {cap:.0f}, the next evaluation"
-                               if never else ""), pair_label, a, b, "fig6", predicted=-1, isolated=iso))
+        if (row := steps_row("dynamic sampling", off, on, pair_label, "fig6", predicted=-1, isolated=iso)):
+            rows.append(row)
         ga, gb = w("sampling/gen_tokens", off), w("sampling/gen_tokens", on)
         if len(ga) and len(gb):
             ratio = _by_seed(gb, "all") / _by_seed(ga, "all")
@@ -285,24 +295,29 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
 
     if (p := pair("rollout_correction")) is not None:
         off, on, pair_label, iso = p
-        for metric, what, a, b in (("train/entropy", "train/entropy", last("train/entropy", off),
-                                    last("train/entropy", on)),
-                                   (None, "clipped tokens, %", clipped(off), clipped(on))):
+        for own, what, a, b in (("train/entropy", "train/entropy", last("train/entropy", off),
+                                 last("train/entropy", on)),
+                                (None, "clipped tokens, %", clipped(off), clipped(on))):
             if a is not None and b is not None:
                 rows.append(_diff("rollout correction", f"{what}, last quarter, on − off", pair_label, a, b,
-                                  "fig_mismatch", predicted=0, margin=equivalence_margin(metric, sweep.margins),
+                                  "fig_mismatch", predicted=0, margin=equivalence_margin(own, sweep.margins),
                                   isolated=iso))
     # off-policyness: every pair that changes only the staleness (k = 0 → 1, 0 → 2, for each algorithm)
     for sp in (q for q in exact_pairs(tidy, sweep, configs) if q.toggle == "staleness"):
         pair_label = grid_change(sp.off, sp.on) or f"{sp.off.name} → {sp.on.name}"
-        for name, metric, what, predicted in (
+        for name, own, what, predicted in (
                 ("staleness → mismatch", "mismatch/k3", "mismatch/k3 (π_old vs π_rollout), last quarter, on − off "
                                                         "(nats/token)", 1),
                 ("staleness → entropy", "train/entropy", "train/entropy, last quarter, on − off", 0)):
-            a, b = last(metric, sp.off.name), last(metric, sp.on.name)
+            a, b = last(own, sp.off.name), last(own, sp.on.name)
             if a is not None and b is not None:
-                rows.append(_diff(name, what, pair_label, a, b, "fig_mismatch" if metric.startswith("mismatch")
-                                  else "fig2", predicted=predicted, margin=equivalence_margin(metric, sweep.margins)))
+                rows.append(_diff(name, what, pair_label, a, b, "fig_mismatch" if own.startswith("mismatch")
+                                  else "fig2", predicted=predicted, margin=equivalence_margin(own, sweep.margins)))
+        # efficiency vs ceiling (ScaleRL, arXiv 2510.13786: the off-policy algorithm moves the first, not
+        # the second): steps to a pooled accuracy here, the final accuracy in the family / compare.md
+        if metric is not None and (row := steps_row("staleness → steps to reach", sp.off.name, sp.on.name,
+                                                    pair_label, "fig1", predicted=0)):
+            rows.append(row)
     if (p := pair("bypass")) is not None:
         off, on, pair_label, iso = p
         a, b = clipped(off), clipped(on)

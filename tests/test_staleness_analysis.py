@@ -20,7 +20,7 @@ BASE = {"algo.clip.eps_low": 0.2, "algo.old_logprobs": "trainer", "train.stalene
 GRPO_0 = [0.10, 0.12, 0.11, 0.13, 0.10, 0.12]          # final avg@8 per seed 0..5
 GAIN_0 = [0.02, 0.03, 0.01, 0.02, 0.04, 0.02]          # DAPO − GRPO at staleness 0
 GAIN_1 = [0.01, 0.01, 0.01, 0.02, 0.01, 0.01]          # ... at staleness 1
-K3 = {"grpo": 1.0, "dapo": 1.0, "grpo_s1": 3.0, "dapo_s1": 2.0, "dapo_s1_bypass": 2.0}   # × 1e-5 + seed/1e6
+K3 = {"grpo": 1.0, "dapo": 1.0, "grpo_s1": 3.0, "dapo_s1": 2.0, "dapo_s1_bypass": 2.0, "dapo_s1_tis": 2.0}   # × 1e-5 + seed/1e6
 
 
 def _arm(name: str, algo: dict, **extra) -> ArmInfo:
@@ -31,12 +31,13 @@ def _sweep(family=()) -> SweepInfo:
     return SweepInfo(name="s", kind="one_at_a_time", metric=METRIC, final_k=1, family=family, arms=(
         _arm("dapo", DAPO), _arm("grpo", GRPO), _arm("dapo_s1", DAPO, **{"train.staleness": 1}),
         _arm("grpo_s1", GRPO, **{"train.staleness": 1}),
-        _arm("dapo_s1_bypass", DAPO, **{"train.staleness": 1, "algo.old_logprobs": "rollout"})))
+        _arm("dapo_s1_bypass", DAPO, **{"train.staleness": 1, "algo.old_logprobs": "rollout"}),
+        _arm("dapo_s1_tis", DAPO, **{"train.staleness": 1, "algo.rollout_correction.mode": "tis"})))
 
 
 def _tidy() -> pd.DataFrame:
     finals = {"grpo": GRPO_0, "dapo": [g + d for g, d in zip(GRPO_0, GAIN_0)], "grpo_s1": GRPO_0,
-              "dapo_s1": [g + d for g, d in zip(GRPO_0, GAIN_1)], "dapo_s1_bypass": GRPO_0}
+              "dapo_s1": [g + d for g, d in zip(GRPO_0, GAIN_1)], "dapo_s1_bypass": GRPO_0, "dapo_s1_tis": GRPO_0}
     rows = []
     for arm, values in finals.items():
         for seed, v in enumerate(values):
@@ -85,8 +86,9 @@ def test_a_declared_family_is_the_primary_family_and_the_rule_says_so():
     from analysis.tables import decision_rule, family_table, primary_pairs
     tidy = _tidy()
     default = [(a.name, b.name) for a, b in primary_pairs(tidy, _sweep())]
-    # every pair that isolates one technique (staleness: 2, bypass: 1), then GRPO → DAPO
-    assert default == [("dapo", "dapo_s1"), ("grpo", "grpo_s1"), ("dapo_s1", "dapo_s1_bypass"), ("grpo", "dapo")]
+    # every pair that isolates one technique (correction: 1, staleness: 2, bypass: 1), then GRPO → DAPO
+    assert default == [("dapo_s1", "dapo_s1_tis"), ("dapo", "dapo_s1"), ("grpo", "grpo_s1"),
+                       ("dapo_s1", "dapo_s1_bypass"), ("grpo", "dapo")]
     sweep = _sweep(family=(("grpo_s1", "dapo_s1"),))
     assert [(a.name, b.name) for a, b in primary_pairs(tidy, sweep)] == [("grpo_s1", "dapo_s1")]
     fam = family_table(tidy, sweep, final_k=1)
@@ -127,3 +129,8 @@ def test_staleness_and_bypass_rows_of_the_mechanisms_table():
     by = m.set_index("mechanism").loc["bypass → clipping"]
     assert by.arms == "dapo_s1 → dapo_s1_bypass" and by.value == pytest.approx(1.0)   # 2% − 1% of tokens
     assert by.verdict == "acts"
+    # efficiency: steps to the pooled threshold, mean of both arms' finals (12 runs): 1.57 / 12 = 0.1308.
+    # dapo reaches it at its last evaluation (64) with seeds 1, 3, 4, 5, dapo_s1 only with seed 3; the
+    # others never do and count as 80 (the next evaluation): on − off = 0, 16, 0, 0, 16, 16
+    steps = m[(m["mechanism"] == "staleness → steps to reach") & (m["arms"] == "dapo → dapo_s1")].iloc[0]
+    assert steps.value == pytest.approx(8.0) and steps.p == pytest.approx(16 / 64) and "≥ 13.1%" in steps.evidence
