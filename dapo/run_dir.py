@@ -8,6 +8,8 @@
                                   directory holding anything a run does not write is not a run dir
     hold_run_dir(run_dir)         an exclusive lock on ``<run_dir>/run.lock`` for as long as the run
                                   lives; a second process gets :class:`RunDirBusy` naming the holder
+    run_dir_holder(run_dir)       who holds that lock now (``dapo runs``: running vs stopped), asked
+                                  without taking it
 
 Both raise a :class:`~dapo.config.ConfigError` (one line, exit 2 in ``dapo train``).
 
@@ -27,13 +29,14 @@ import contextlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 from dapo.config import Config, ConfigError, build_config, config_diff, config_hash, show
 from dapo.yaml_io import safe_yaml_file
 
-__all__ = ["RunDirBusy", "run_dir_for", "check_run_dir", "hold_run_dir", "LOCK_FILE", "RUN_ENTRIES"]
+__all__ = ["RunDirBusy", "run_dir_for", "check_run_dir", "hold_run_dir", "run_dir_holder", "LOCK_FILE", "RUN_ENTRIES"]
 
 LOCK_FILE = "run.lock"
 # What a run (dapo train, a sweep job) writes at the top of its directory.
@@ -136,6 +139,42 @@ def _holder(path: Path) -> str:
     if words and words[0].isdigit():
         return f"pid {words[0]}" + (f" on {show(words[1], 80)}" if len(words) > 1 else "")
     return "a process that has not written its pid yet"
+
+
+# struct flock as fcntl(F_GETLK) reads and writes it (l_type, l_whence, l_start, l_len, l_pid), per platform
+_FLOCK_LAYOUT = {"linux": ("hhqqi", (0, 1, 2, 3, 4)), "darwin": ("qqihh", (3, 4, 0, 1, 2))}
+
+
+def run_dir_holder(run_dir: str | os.PathLike) -> str | None:
+    """Who holds ``<run_dir>/run.lock`` now: ``"pid N on HOST"`` (what the holder wrote), or None when
+    nobody does, or when it cannot be told (no lock file, a platform without a known ``struct flock``).
+
+    It asks the kernel (``F_GETLK``) without taking the lock, so a run starting at that moment is never
+    refused because of the question. The current process's own run dirs are answered from memory: it
+    must not open their lock file (closing any descriptor of it would release its lock)."""
+    run_dir = Path(run_dir)
+    if str(run_dir.resolve()) in _HELD:
+        return f"pid {os.getpid()} (this process)"
+    layout = next((v for k, v in _FLOCK_LAYOUT.items() if sys.platform.startswith(k)), None)
+    path = run_dir / LOCK_FILE
+    if layout is None or not path.is_file():
+        return None
+    import fcntl
+    import struct
+    fmt, order = layout
+    fields = [0] * 5
+    fields[order[0]], fields[order[1]] = fcntl.F_WRLCK, os.SEEK_SET   # "could I take all of it for writing?"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        got = struct.unpack(fmt, fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(fmt, *fields)))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None if got[order[0]] == fcntl.F_UNLCK else _holder(path)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """``dapo runs [--sweep SPEC] [--output DIR]``: the runs under an output root, from their run directories.
 
-One row per run: arm, seed, run id, status (done / failed / stopped / not started), last rollout step
+One row per run: arm, seed, run id, status (done / failed / running / stopped / not started; running:
+a process holds the run's ``run.lock``, stopped: none does, rerun to resume), last rollout step
 of total, final metric, wall time; then the ``mlflow ui`` command for the store(s) the runs log to.
 ``--cost`` adds what each run cost: threads, thread-seconds (loop wall time × ``train.threads``: runs
 record wall time, not CPU time) and generated / trained tokens from ``summary.json``
@@ -23,6 +24,7 @@ from typing import Any
 from dapo.config import ConfigError, safe_yaml_file, show
 from dapo.helptext import help_text
 from dapo.preflight import finished_summary
+from dapo.run_dir import run_dir_holder
 
 __all__ = ["run_rows", "main"]
 
@@ -87,8 +89,8 @@ def run_row(run_dir: Path, metric: str | None = None, arm: str = "", seed: Any =
         step = summary.get("rollout_steps", step)
     elif (run_dir / "failed.json").is_file():
         status = "failed"
-    elif run_dir.is_dir():
-        status = "stopped"      # started, not finished: running now, or killed (rerun to resume)
+    elif run_dir.is_dir():      # started, not finished: running now (its run.lock is held), else stopped
+        status = "running" if run_dir_holder(run_dir) else "stopped"   # (killed or interrupted: rerun to resume)
     else:
         status = "not started"
     name, value = _final_metric(summary, metric)

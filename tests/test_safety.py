@@ -228,6 +228,29 @@ def test_the_lock_is_reentrant_and_held_by_train_itself(tmp_path):
         pass
 
 
+def test_who_holds_a_run_dir_is_asked_without_taking_the_lock(tmp_path):
+    """`dapo runs` says running (run.lock held by a live process) or stopped (nobody holds it); asking
+    takes nothing, so the holder keeps it and, once the holder is gone, a run starts at once."""
+    from dapo.run_dir import hold_run_dir, run_dir_holder
+    from dapo.runs_list import run_row
+    d = tmp_path / "run"
+    assert run_dir_holder(d) is None                   # no lock file yet
+    holder = _holder(d)
+    try:
+        assert run_dir_holder(d).startswith(f"pid {holder.pid} on ")
+        assert run_dir_holder(d) is not None           # the question released nothing
+        assert run_row(d)["status"] == "running"
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    assert run_dir_holder(d) is None and run_row(d)["status"] == "stopped"
+    with hold_run_dir(d):                              # this process: answered without opening the file
+        assert run_dir_holder(d) == f"pid {os.getpid()} (this process)"
+        probe = subprocess.run([sys.executable, "-c", HOLD, str(d)], cwd=REPO, capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+        assert probe.returncode != 0 and "RunDirBusy" in probe.stderr     # still held
+
+
 # =========================================================================== 5. two submissions, one fresh store
 def _jobs(tmp_path: Path):
     from dapo.sweep_spec import expand, load_spec
