@@ -291,8 +291,8 @@ def dapo_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None
                *, _acfg: dict | None = None) -> list[tuple[ArmInfo, ArmInfo, str]]:
     """Every (off, on, setting) where ``on`` is ``off`` with all of DAPO's techniques switched on and
     nothing else changed: naive GRPO → DAPO once per setting of the other keys (a staleness sweep:
-    at k = 0, 1, 2). ``setting``: how ``off`` differs from the first such pair's ``off`` ("" for the
-    first; e.g. "train.staleness=1"). In arm order."""
+    at k = 0, 1, 2). ``setting``: ``off``'s values of the keys that differ among the pairs' ``off`` arms
+    ("train.staleness=1"; "" when there is one pair). In arm order."""
     arms = arms_with_runs(tidy, sweep)
     acfg = _acfg if _acfg is not None else flat_arm_configs(tidy, sweep, configs)
     dkeys = {k for t in DAPO_TOGGLES for k in TOGGLES[t].keys}
@@ -309,12 +309,9 @@ def dapo_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None
                 out.append((off, on))
     if not out:
         return []
-    ref = acfg[out[0][0].name]
-
-    def setting(off: ArmInfo) -> str:
-        c = acfg[off.name]
-        return ", ".join(f"{k}={c.get(k)}" for k in sorted(set(ref) | set(c)) if _differ(ref.get(k), c.get(k)))
-    return [(off, on, setting(off)) for off, on in out]
+    offs = [acfg[off.name] for off, _ in out]
+    varying = sorted(k for k in set().union(*offs) if any(_differ(offs[0].get(k), c.get(k)) for c in offs[1:]))
+    return [(off, on, ", ".join(f"{k}={acfg[off.name].get(k)}" for k in varying)) for off, on in out]
 
 
 def dapo_arm(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,

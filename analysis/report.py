@@ -26,7 +26,7 @@ writes::
                 problems.parquet   (also, when the runs' eval_records/ are under --runs: per-problem outcomes)
     figures/    fig1..fig7 .png + .pdf (a figure the sweep cannot show is listed, not drawn)
     table1.md table1.csv table1.tex family.csv eval_noise.csv compare.md cost.csv mechanisms.csv learning.csv
-    gain.csv (only when DAPO vs GRPO is run in two or more settings, e.g. staleness)
+    gain.csv, figures/fig_gain.*   only when DAPO vs GRPO is run in two or more settings (analysis.gain)
     mismatch.csv, figures/fig_mismatch.*   only when the runs logged mismatch/* (analysis.behaviour)
     report.md
     reading.md  the human-written reading; never overwritten unless a new one is given
@@ -45,6 +45,7 @@ from pathlib import Path
 import pandas as pd
 
 from .behaviour import behaviour_section, mismatch_figure, mismatch_table
+from .gain import GAIN_NOTE, format_gain, gain_figure, gain_table
 from .mechanisms import MECHANISMS_NOTE, format_mechanisms, mechanism_table
 from .learning import LEARNING_NOTE, format_learning, learning_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
@@ -54,8 +55,8 @@ from .runs import (SnapshotError, SweepInfo, load_problems, load_runs, load_snap
                    snapshot, store_problem)
 from .metric_names import primary_metric
 from .stats import BAND_METHOD
-from .tables import (COST_NOTE, GAIN_NOTE, compare_table, cost_ledger, decidable_note, decision_rule, family_table, format_cost,
-                     format_family, format_gain, format_table1, gain_table, loop_seconds, paired_line, table1, table1_footnote, to_csv, to_latex,
+from .tables import (COST_NOTE, compare_table, cost_ledger, decidable_note, decision_rule, family_table, format_cost,
+                     format_family, format_table1, loop_seconds, paired_line, table1, table1_footnote, to_csv, to_latex,
                      to_markdown)
 
 __all__ = ["write_report", "main"]
@@ -181,6 +182,9 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
     gain = gain_table(tidy, sweep, configs, final_k)
     if len(gain):
         written.append(to_csv(gain, out / "gain.csv"))
+        gfig = gain_figure(tidy, sweep, configs, final_k)
+        written += save_figure(gfig, out / "figures" / "fig_gain", formats)
+        gfig.clear()
     behaviour = mismatch_table(tidy, sweep)
     mfig = mismatch_figure(tidy, sweep, configs) if len(behaviour) else None
     if len(behaviour):
@@ -235,7 +239,8 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              *passk_section(curves, labels),
              *([f"![pass@k](figures/fig_passk.png)", ""] if pfig is not None else []),
              *(["## Does DAPO's gain hold in every setting?", "", to_markdown(format_gain(gain)),
-                GAIN_NOTE + " Numbers: [gain.csv](gain.csv).", ""] if len(gain) else []),
+                GAIN_NOTE + " Numbers: [gain.csv](gain.csv).", "", "![gain](figures/fig_gain.png)", ""]
+               if len(gain) else []),
              "## Do the mechanisms act?", "",
              to_markdown(format_mechanisms(mech)) if len(mech) else "No mechanism metric in these runs.",
              MECHANISMS_NOTE + " Numbers: [mechanisms.csv](mechanisms.csv).", "",

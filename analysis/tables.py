@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .arms import (DAPO_TOGGLES, arms_with_runs, baseline_arm, dapo_arm, dapo_pairs, exact_pairs, flat_arm_configs, grid_change,
+from .arms import (DAPO_TOGGLES, arms_with_runs, baseline_arm, dapo_arm, exact_pairs, flat_arm_configs, grid_change,
                    paper_delta, toggle_states)
 from .metric_names import (dataset_name, equivalence_margin, is_paper_metric, mask_undefined, metric_scale,
                            metric_short, primary_metric)
@@ -26,7 +26,7 @@ from .stats import (SEEDS_NEEDED_METHOD, effect_verdict, holm, interval_label, m
                     run_finals, sd_interval, seeds_needed_sign_flip, t_interval)
 
 __all__ = ["table1", "format_table1", "table1_footnote", "primary_pairs", "family_table", "format_family",
-           "gain_table", "format_gain", "GAIN_NOTE", "decision_rule", "comparison_label", "loop_seconds", "compare_table", "paired_line", "cost_ledger", "format_cost", "COST_NOTE",
+           "decision_rule", "comparison_label", "loop_seconds", "compare_table", "paired_line", "cost_ledger", "format_cost", "COST_NOTE",
            "to_markdown", "to_csv", "to_latex"]
 
 TABLE1_COLUMNS = ["arm", "label", "ours", "ci_lo", "ci_hi", "n_seeds", "paper", "diff",
@@ -344,73 +344,6 @@ def decidable_note(m: int, pairs: int, alpha: float = ALPHA) -> str:
                 f"{2 / 2 ** pairs:.3f}, and Holm over {m} needs {alpha / m:.4f} for its first row")
     return (f"**What these seeds can decide: nothing yet.** {what}; {need} pairs per comparison are the fewest "
             f"with which a row of this family can be decided. The differences below are directions, not findings.")
-
-
-# --------------------------------------------------------------------------- DAPO's gain by setting
-GAIN_NOTE = ("**Exploratory** (p unadjusted). Per setting of the keys other than DAPO's techniques (e.g. the "
-             "rollout staleness): DAPO − naive GRPO on the sweep's metric (final value per run, paired by seed), "
-             "and how that gain differs from the first setting's: per seed (gain here − gain in the first setting), "
-             "a difference of differences with its exact sign-flip interval and test. \"differs\" when its p ≤ 0.05, "
-             "\"bounded null\" when TOST bounds it inside the metric's margin, else \"inconclusive\".")
-"""What the gain table shows (under it in report.md)."""
-
-
-def gain_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None, final_k: int | None = None, *,
-               metric: str | None = None) -> pd.DataFrame:
-    """DAPO's gain over naive GRPO in each setting (:func:`analysis.arms.dapo_pairs`), when there are two or
-    more: one row per setting. Columns: setting, off, on; gain, gain_lo, gain_hi, gain_level,
-    gain_method, gain_p (:func:`analysis.stats.paired_diff` of on − off); change, change_lo, change_hi,
-    change_level, change_method, change_p, change_p_tost, change_verdict (paired by seed: this setting's
-    gain − the first setting's; NaN in the first row); n (seeds in all four arms for a change, in both
-    for the first row). In the metric's shown unit (% for accuracies). Empty below two settings."""
-    final_k = final_k or sweep.final_k
-    metric = metric or sweep.metric or primary_metric(tidy)
-    cols = ["setting", "off", "on", "gain", "gain_lo", "gain_hi", "gain_level", "gain_method", "gain_p",
-            "change", "change_lo", "change_hi", "change_level", "change_method", "change_p", "change_p_tost",
-            "change_verdict", "n"]
-    pairs = dapo_pairs(tidy, sweep, configs) if metric else []
-    if len(pairs) < 2:
-        return pd.DataFrame(columns=cols)
-    scale = metric_scale(tidy, metric)
-    finals = run_finals(tidy, metric, final_k)
-    margin = equivalence_margin(metric, sweep.margins)
-    gains = [(_seed_finals(finals, on.name, scale) - _seed_finals(finals, off.name, scale)).dropna()
-             for off, on, _ in pairs]
-    rows = []
-    for i, ((off, on, setting), g) in enumerate(zip(pairs, gains)):
-        r = paired_diff(_seed_finals(finals, off.name, scale), _seed_finals(finals, on.name, scale))
-        c = paired_diff(gains[0], g, margin=margin) if i else None
-        rows.append({"setting": setting or "(first)", "off": off.name, "on": on.name, "gain": r.mean,
-                     "gain_lo": r.lo, "gain_hi": r.hi, "gain_level": r.level, "gain_method": r.method,
-                     "gain_p": r.p,
-                     **({"change": c.mean, "change_lo": c.lo, "change_hi": c.hi, "change_level": c.level,
-                         "change_method": c.method, "change_p": c.p, "change_p_tost": c.p_tost,
-                         "change_verdict": effect_verdict(c.mean, c.p, c.p_tost, predicted=0)} if c else
-                        {"change": np.nan, "change_lo": np.nan, "change_hi": np.nan, "change_level": np.nan,
-                         "change_method": "", "change_p": np.nan, "change_p_tost": np.nan, "change_verdict": ""}),
-                     "n": c.n if c else r.n})
-    out = pd.DataFrame(rows, columns=cols)
-    out.attrs.update(metric=metric, scale=scale, margin=margin)
-    return out
-
-
-def format_gain(df: pd.DataFrame) -> pd.DataFrame:
-    """The gain table as shown in report.md."""
-    unit = " (pp)" if df.attrs.get("scale", 1.0) == 100 else ""
-    return pd.DataFrame({
-        "setting": df["setting"], "GRPO → DAPO": [f"{a} → {b}" for a, b in zip(df["off"], df["on"])],
-        f"DAPO − GRPO{unit} [interval]": [_fmt_diff_ci(m, lo, hi, 2, lv, me, with_level=True) for m, lo, hi, lv, me in
-                                          zip(df["gain"], df["gain_lo"], df["gain_hi"], df["gain_level"],
-                                              df["gain_method"])],
-        "p": [_fmt_p(v) for v in df["gain_p"]],
-        f"change from the first setting{unit} [interval]": [
-            _fmt_diff_ci(m, lo, hi, 2, lv, me, with_level=True) if np.isfinite(m) else "–"
-            for m, lo, hi, lv, me in zip(df["change"], df["change_lo"], df["change_hi"], df["change_level"],
-                                         df["change_method"])],
-        "p (change)": [_fmt_p(v) for v in df["change_p"]],
-        "TOST p (change)": [_fmt_p(v) for v in df["change_p_tost"]],
-        "seeds": df["n"], "verdict (exploratory)": [v or "–" for v in df["change_verdict"]],
-    })
 
 
 def format_family(df: pd.DataFrame) -> pd.DataFrame:

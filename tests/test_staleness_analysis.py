@@ -99,9 +99,9 @@ def test_a_declared_family_is_the_primary_family_and_the_rule_says_so():
 
 
 def test_dapo_gain_in_each_setting_and_its_change_by_hand():
-    from analysis.tables import format_gain, gain_table
+    from analysis.gain import format_gain, gain_table
     g = gain_table(_tidy(), _sweep())
-    assert g["setting"].tolist() == ["(first)", "train.staleness=1"]
+    assert g["setting"].tolist() == ["train.staleness=0", "train.staleness=1"]
     assert g["off"].tolist() == ["grpo", "grpo_s1"] and g["on"].tolist() == ["dapo", "dapo_s1"]
     assert g["gain"].tolist() == pytest.approx([100 * np.mean(GAIN_0), 100 * np.mean(GAIN_1)])
     assert g["gain_p"].tolist() == pytest.approx([2 / 64, 2 / 64])
@@ -116,6 +116,10 @@ def test_dapo_gain_in_each_setting_and_its_change_by_hand():
     one = _sweep()
     one = SweepInfo(name="s", kind="one_at_a_time", metric=METRIC, final_k=1, arms=one.arms[:2])
     assert gain_table(_tidy().query("arm in ['grpo', 'dapo']"), one).empty      # one setting: no table
+    from analysis.gain import gain_figure
+    fig = gain_figure(_tidy(), _sweep())
+    assert [len(ax.get_xticklabels()) for ax in fig.axes[:2]] == [2, 2]
+    assert gain_figure(_tidy().query("arm in ['grpo', 'dapo']"), one) is None
 
 
 def test_staleness_and_bypass_rows_of_the_mechanisms_table():
