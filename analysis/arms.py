@@ -223,6 +223,11 @@ def _differ(a: Any, b: Any) -> bool:
     return a != b
 
 
+def _other_keys(co: dict[str, Any], cn: dict[str, Any], own: set[str]) -> list[str]:
+    """The keys outside ``own`` whose values differ between two flat configs (sorted)."""
+    return sorted(k for k in set(co) | set(cn) if k not in own and _differ(co.get(k), cn.get(k)))
+
+
 def find_pair(toggle: str, tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
               *, _acfg: dict | None = None) -> Pair | None:
     """The (off, on) arms that isolate ``toggle`` best, or None if no arm pair differs in it."""
@@ -243,8 +248,7 @@ def find_pair(toggle: str, tidy: pd.DataFrame, sweep: SweepInfo, configs: dict |
             others = tuple(t for t in TOGGLES if t != toggle
                            and toggle_state(co, t) != toggle_state(cn, t))
             tkeys = {k for t in others for k in TOGGLES[t].keys}
-            keys = tuple(sorted(k for k in set(co) | set(cn) if k not in own and k not in tkeys
-                                and _differ(co.get(k), cn.get(k))))
+            keys = tuple(_other_keys(co, cn, own | tkeys))
             if sweep.kind == "ladder":
                 shape = abs(pos[on.name] - pos[off.name]) - 1
             elif sweep.kind == "leave_one_out":
@@ -281,7 +285,7 @@ def exact_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = Non
             if len(diff) != 1 or diff[0][1] != (False, True):
                 continue
             own = set(TOGGLES[diff[0][0]].keys)
-            if not any(k not in own and _differ(co.get(k), cn.get(k)) for k in set(co) | set(cn)):
+            if not _other_keys(co, cn, own):
                 out.append(Pair(diff[0][0], off, on))
     order = list(TOGGLES)
     return sorted(out, key=lambda p: order.index(p.toggle))           # stable: arm order within a technique
@@ -305,7 +309,7 @@ def dapo_pairs(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None
             if any(states[t] != (False, True) for t in DAPO_TOGGLES if t != "overlong_filter") \
                     or any(a != b for t, (a, b) in states.items() if t not in DAPO_TOGGLES[1:]):
                 continue
-            if not any(k not in dkeys and _differ(co.get(k), cn.get(k)) for k in set(co) | set(cn)):
+            if not _other_keys(co, cn, dkeys):
                 out.append((off, on))
     if not out:
         return []

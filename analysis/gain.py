@@ -5,7 +5,7 @@ family, not this table, holds its findings (docs/STATISTICS.md).
 
     gain_table(tidy, sweep)     one row per setting (:func:`analysis.arms.dapo_pairs`), empty below two
     format_gain(df)             as report.md shows it
-    gain_figure(tidy, sweep)    (a) each arm's final value by setting, (b) the gain by setting
+    gain_figure(g, tidy, sweep) (a) each arm's final value by setting, (b) the gain by setting
 """
 from __future__ import annotations
 
@@ -47,21 +47,21 @@ def gain_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None
     scale = metric_scale(tidy, metric)
     finals = run_finals(tidy, metric, final_k)
     margin = equivalence_margin(metric, sweep.margins)
-    gains = [(_seed_finals(finals, on.name, scale) - _seed_finals(finals, off.name, scale)).dropna()
-             for off, on, _ in pairs]
+    arms = {a.name: _seed_finals(finals, a.name, scale) for off, on, _ in pairs for a in (off, on)}  # {seed: final}
+    gains = [(arms[on.name] - arms[off.name]).dropna() for off, on, _ in pairs]
+    none = {"change": np.nan, "change_lo": np.nan, "change_hi": np.nan, "change_level": np.nan, "change_method": "",
+            "change_p": np.nan, "change_p_tost": np.nan, "change_verdict": ""}
     rows = []
     for i, ((off, on, setting), g) in enumerate(zip(pairs, gains)):
-        r = paired_diff(_seed_finals(finals, off.name, scale), _seed_finals(finals, on.name, scale))
-        c = paired_diff(gains[0], g, margin=margin) if i else None
-        rows.append({"setting": setting, "off": off.name, "on": on.name, "gain": r.mean,
-                     "gain_lo": r.lo, "gain_hi": r.hi, "gain_level": r.level, "gain_method": r.method,
-                     "gain_p": r.p,
-                     **({"change": c.mean, "change_lo": c.lo, "change_hi": c.hi, "change_level": c.level,
-                         "change_method": c.method, "change_p": c.p, "change_p_tost": c.p_tost,
-                         "change_verdict": effect_verdict(c.mean, c.p, c.p_tost, predicted=0)} if c else
-                        {"change": np.nan, "change_lo": np.nan, "change_hi": np.nan, "change_level": np.nan,
-                         "change_method": "", "change_p": np.nan, "change_p_tost": np.nan, "change_verdict": ""}),
-                     "n": c.n if c else r.n})
+        r = paired_diff(arms[off.name], arms[on.name])
+        row = {"setting": setting, "off": off.name, "on": on.name, "gain": r.mean, "gain_lo": r.lo, "gain_hi": r.hi,
+               "gain_level": r.level, "gain_method": r.method, "gain_p": r.p, **none, "n": r.n}
+        if i:       # this setting's gain − the first setting's, paired by seed
+            c = paired_diff(gains[0], g, margin=margin)
+            row.update(change=c.mean, change_lo=c.lo, change_hi=c.hi, change_level=c.level, change_method=c.method,
+                       change_p=c.p, change_p_tost=c.p_tost,
+                       change_verdict=effect_verdict(c.mean, c.p, c.p_tost, predicted=0), n=c.n)
+        rows.append(row)
     out = pd.DataFrame(rows, columns=cols)
     out.attrs.update(metric=metric, scale=scale, margin=margin)
     return out
@@ -86,11 +86,11 @@ def format_gain(df: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def gain_figure(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None, final_k: int | None = None):
-    """(a) naive GRPO's and DAPO's final value per setting (mean over seeds, 95% t interval); (b) DAPO −
-    GRPO per setting, paired by seed (its exact sign-flip interval, level in the note). None below two
-    settings."""
-    g = gain_table(tidy, sweep, configs, final_k)
+def gain_figure(g: pd.DataFrame, tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = None,
+                final_k: int | None = None):
+    """Of :func:`gain_table`'s ``g`` (for these runs and ``final_k``): (a) naive GRPO's and DAPO's final
+    value per setting (mean over seeds, 95% t interval); (b) DAPO − GRPO per setting, paired by seed (its
+    exact sign-flip interval, level in the note). None below two settings (an empty ``g``)."""
     if g.empty:
         return None
     import matplotlib

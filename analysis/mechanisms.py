@@ -209,8 +209,10 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
         """(off, on, label of the pair, isolated): the label names the other techniques that also differ
         (e.g. GRPO → DAPO in a two-arm sweep); such a pair is not isolated and its rows get no verdict."""
         p = find_pair(toggle, tidy, sweep, configs)
-        if p is None:
-            return None
+        return None if p is None else described(p)
+
+    def described(p):
+        """(off, on, label, isolated) of a found pair."""
         also = f" (also differ: {', '.join(p.other_toggles)})" if p.other_toggles else ""
         arms = grid_change(p.off, p.on) or f"{p.off.name} → {p.on.name}"
         return p.off.name, p.on.name, f"{arms}{also}", not p.other_toggles
@@ -304,7 +306,7 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
                                   isolated=iso))
     # off-policyness: every pair that changes only the staleness (k = 0 → 1, 0 → 2, for each algorithm)
     for sp in (q for q in exact_pairs(tidy, sweep, configs) if q.toggle == "staleness"):
-        pair_label = grid_change(sp.off, sp.on) or f"{sp.off.name} → {sp.on.name}"
+        pair_label = described(sp)[2]     # an exact pair: isolated, nothing else differs
         for name, own, what, predicted in (
                 ("staleness → mismatch", "mismatch/k3", "mismatch/k3 (π_old vs π_rollout), last quarter, on − off "
                                                         "(nats/token)", 1),

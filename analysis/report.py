@@ -182,7 +182,7 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
     gain = gain_table(tidy, sweep, configs, final_k)
     if len(gain):
         written.append(to_csv(gain, out / "gain.csv"))
-        gfig = gain_figure(tidy, sweep, configs, final_k)
+        gfig = gain_figure(gain, tidy, sweep, configs, final_k)
         written += save_figure(gfig, out / "figures" / "fig_gain", formats)
         gfig.clear()
     behaviour = mismatch_table(tidy, sweep)

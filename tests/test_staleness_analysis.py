@@ -117,9 +117,10 @@ def test_dapo_gain_in_each_setting_and_its_change_by_hand():
     one = SweepInfo(name="s", kind="one_at_a_time", metric=METRIC, final_k=1, arms=one.arms[:2])
     assert gain_table(_tidy().query("arm in ['grpo', 'dapo']"), one).empty      # one setting: no table
     from analysis.gain import gain_figure
-    fig = gain_figure(_tidy(), _sweep())
+    fig = gain_figure(g, _tidy(), _sweep())
     assert [len(ax.get_xticklabels()) for ax in fig.axes[:2]] == [2, 2]
-    assert gain_figure(_tidy().query("arm in ['grpo', 'dapo']"), one) is None
+    two = _tidy().query("arm in ['grpo', 'dapo']")
+    assert gain_figure(gain_table(two, one), two, one) is None
 
 
 def test_staleness_and_bypass_rows_of_the_mechanisms_table():
