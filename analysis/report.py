@@ -52,7 +52,7 @@ from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs
 from .eval_noise import noise_section, noise_table, problems_from_runs
 from .samples import load_samples, passk_section, passk_curves, samples_from_runs, samples_section
 from .runs import (SnapshotError, SweepInfo, load_problems, load_runs, load_snapshot, merge_snapshot, read_meta,
-                   snapshot, store_problem)
+                   snapshot, spec_runs, store_problem)
 from .metric_names import primary_metric
 from .stats import BAND_METHOD
 from .tables import (COST_NOTE, compare_table, cost_ledger, decidable_note, decision_rule, family_table, format_cost,
@@ -294,7 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<runs>/mlruns.db)")
     p.add_argument("--runs", default=None, metavar="DIR",
                    help="where the runs are: the sweep's output root, holding mlruns.db (default: runs)")
-    p.add_argument("--sweep", help="sweep name = MLflow experiment name (default: the spec's name)")
+    p.add_argument("--sweep", help="sweep name = MLflow experiment name (default: the spec's name); with a SPEC of "
+                        "another name, the SPEC's runs that sweep launched (the same run ids), e.g. the arms two "
+                        "sweeps share")
     p.add_argument("--from-snapshot", nargs="?", const="", metavar="DIR",
                    help="read a results snapshot instead of MLflow (no DIR: results/<sweep>/snapshot)")
     p.add_argument("--to", metavar="DIR", default=None,
@@ -461,8 +463,18 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
         if problem:                    # a damaged one, a server that does not answer (MLflow retries ~4 min)
             raise InputError(problem)
         tidy, configs = _load_runs(uri, name, finished_only=args.finished_only)
+        other = bool(args.spec and sweep_info is not None and name != sweep_info.name)
+        arm_of = _spec_run_arms(args.spec) if args.spec and (args.with_snapshot or other) else None
+        if other:       # the spec's runs, launched by sweep NAME (same resolved configs: the same run ids)
+            n_store = tidy["run_id"].nunique() if len(tidy) else 0
+            tidy = spec_runs(tidy, arm_of, sweep_info.name) if len(tidy) else tidy
+            configs = {r: c for r, c in configs.items() if r in set(tidy["run"])}
+            if tidy.empty:
+                raise InputError(f"none of the {len(arm_of)} runs of {args.spec} are in sweep {name!r}'s store "
+                                 f"({n_store} runs there)")
+            print(f"[figures] {tidy['run_id'].nunique()} of sweep {name!r}'s {n_store} runs are {args.spec}'s",
+                  file=sys.stderr)
         merged, earlier = [], []
-        arm_of = _spec_run_arms(args.spec) if args.spec and args.with_snapshot else None
         for d in args.with_snapshot:
             if not (Path(d) / "runs.parquet").exists():
                 raise InputError(f"--with-snapshot {d}: no snapshot there (runs.parquet missing)")

@@ -49,7 +49,7 @@ from dapo.sweep_spec import KINDS as SWEEP_KINDS
 __all__ = [
     "ArmInfo", "SweepInfo", "TIDY_COLUMNS", "load_runs", "snapshot", "load_snapshot", "merge_snapshot",
     "arm_order", "normalize_tidy", "read_meta", "PROBLEM_COLUMNS", "normalize_problems", "load_problems",
-    "SnapshotError", "check_tidy", "store_problem",
+    "SnapshotError", "check_tidy", "store_problem", "spec_runs",
 ]
 
 log = logging.getLogger(__name__)
@@ -494,6 +494,17 @@ def load_problems(snapshot_dir: str | Path) -> pd.DataFrame | None:
     return normalize_problems(pd.read_parquet(p)) if p.exists() else None
 
 
+def spec_runs(tidy: pd.DataFrame, arm_of: dict[str, str], sweep_name: str | None = None) -> pd.DataFrame:
+    """The rows of ``tidy`` whose ``run_id`` is one of a sweep's (``arm_of``: {run_id: arm}, from its
+    expansion), under that sweep's arm names (and ``sweep_name``): a run launched by another sweep
+    with the same resolved config is the same run."""
+    out = tidy[tidy["run_id"].astype(str).isin(set(arm_of))].copy()
+    out["arm"] = out["run_id"].astype(str).map(arm_of)
+    if sweep_name:
+        out["sweep"] = sweep_name
+    return out
+
+
 def merge_snapshot(tidy: pd.DataFrame, configs: dict[str, dict], snapshot_dir: str | Path, *,
                    arm_of: dict[str, str] | None = None, sweep_name: str | None = None
                    ) -> tuple[pd.DataFrame, dict[str, dict], dict]:
@@ -508,10 +519,7 @@ def merge_snapshot(tidy: pd.DataFrame, configs: dict[str, dict], snapshot_dir: s
     have = set(tidy["run_id"].astype(str)) if len(tidy) else set()
     add = old[~old["run_id"].astype(str).isin(have)]
     if arm_of is not None:
-        add = add[add["run_id"].astype(str).isin(set(arm_of))].copy()
-        add["arm"] = add["run_id"].astype(str).map(arm_of)
-        if sweep_name:
-            add["sweep"] = sweep_name
+        add = spec_runs(add, arm_of, sweep_name)
     runs = set(add["run"])
     merged = normalize_tidy(pd.concat([old.iloc[:0], tidy, add], ignore_index=True)) if len(add) else tidy
     cfg = {**{r: c for r, c in old_cfg.items() if r in runs}, **configs}

@@ -695,3 +695,26 @@ def test_with_snapshot_adds_the_runs_the_store_lacks(tmp_path):
                                    sweep_name="g")
     added = only[only["run_id"] == "id0"]
     assert rec2["n_runs"] == 1 and set(added["arm"]) == {"cell"} and set(added["sweep"]) == {"g"}
+
+
+def test_a_spec_read_from_another_sweeps_store_takes_only_its_runs(store, tmp_path, monkeypatch, capsys):
+    """`dapo figures SPEC --sweep OTHER`: the arms two sweeps share ran once, under OTHER; the report of
+    SPEC takes from OTHER's store only the runs of SPEC's expansion (by run id), under SPEC's arm and
+    sweep names; none of them there: one line, exit 2."""
+    import analysis.report as rep
+    uri, _ = store
+    mine = {f"{arm}-{seed}-hash": name for arm, name in (("grpo", "base"), ("clip", "ch")) for seed in (0, 1)}
+    info = SweepInfo(name="pair", kind="one_at_a_time", arms=(ArmInfo("base"), ArmInfo("ch")), final_k=1)
+    monkeypatch.setattr(rep, "_spec_sweep_info", lambda path: info)
+    monkeypatch.setattr(rep, "_spec_run_arms", lambda path: mine)
+    out = tmp_path / "pair"
+    assert rep.main(["pair.yaml", "--sweep", SWEEP, "--tracking-uri", uri, "--to", str(out), "--formats", "png"]) == 0
+    got = pd.read_parquet(out / "snapshot" / "runs.parquet")
+    assert sorted(got["run_id"].unique()) == sorted(mine) and set(got["sweep"]) == {"pair"}
+    assert dict(got.drop_duplicates("run_id").set_index("run_id")["arm"]) == mine
+    assert f"4 of sweep {SWEEP!r}'s 9 runs are pair.yaml's" in capsys.readouterr().err
+    monkeypatch.setattr(rep, "_spec_run_arms", lambda path: {"elsewhere": "base"})
+    assert rep.main(["pair.yaml", "--sweep", SWEEP, "--tracking-uri", uri, "--to", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"dapo figures: error: none of the 1 runs of pair.yaml are in sweep {SWEEP!r}'s store (9 runs there)"
+    assert not (tmp_path / "no").exists()
