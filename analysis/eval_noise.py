@@ -41,7 +41,8 @@ from .runs import PROBLEM_COLUMNS, SweepInfo, normalize_problems
 from .stats import ALPHA, run_finals, sd_interval
 
 __all__ = ["Step0Noise", "step0_noise", "problems_from_runs", "records_noise", "records_summary",
-           "hierarchical_diff_ci", "noise_table", "noise_section", "k_needed", "NOISE_NOTE"]
+           "hierarchical_diff_ci", "noise_table", "noise_section", "k_needed", "NOISE_NOTE", "START_KEYS",
+           "start_mismatches", "start_section"]
 
 TARGET = 3.0
 """k' puts the noise of a difference at 1/TARGET of the median SD of the family's differences."""
@@ -107,6 +108,68 @@ def step0_noise(tidy: pd.DataFrame, metric: str | None, alpha: float = ALPHA) ->
     if values.size < 2:
         note = note or "one step-0 value: no SD"
     return Step0Noise(metric, scale, _metric_k(metric), values, shared, float(values.mean()), sd, lo, hi, note)
+
+
+START_KEYS = ("model.", "eval.", "rollout.", "train.seed")
+"""The config keys (dotted; a trailing dot: the whole section) that decide a run's step-0 evaluation: the
+model, the evaluation, the engine's settings and the seed. Runs equal in all of them evaluate the same
+model with the same draws at step 0, so they log the same value."""
+
+
+def _start_of(config: Mapping | None) -> str:
+    """The :data:`START_KEYS` part of a resolved config, as one comparable string ("" without a config)."""
+    if not config:
+        return ""
+    flat: dict = {}
+
+    def walk(d: Mapping, prefix: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, Mapping):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[f"{prefix}{k}"] = v
+    walk(config, "")
+    return repr(sorted((k, repr(v)) for k, v in flat.items()
+                       if any(k == key or (key.endswith(".") and k.startswith(key)) for key in START_KEYS)))
+
+
+def start_mismatches(tidy: pd.DataFrame, configs: Mapping | None, metric: str | None) -> pd.DataFrame:
+    """``[seed, arm, value]``, one row per run, for every seed whose runs share the start (equal in
+    :data:`START_KEYS`) but not the step-0 value of ``metric`` (to 1e-9): they did not evaluate the same
+    model with the same draws, e.g. runs made on machines whose CPU kernels differ (the base model
+    itself is built on the machine), or with two builds of the model. Their paired differences then
+    carry that difference too. Runs without a config are compared with each other (key ""). Value in
+    the shown unit; empty when every seed's like runs agree (or there is no step-0 value)."""
+    cols = ["seed", "arm", "value"]
+    if not metric or not (tidy["metric"] == metric).any():
+        return pd.DataFrame(columns=cols)
+    d = _step0_rows(tidy, metric).drop_duplicates("run")
+    if d.empty:
+        return pd.DataFrame(columns=cols)
+    configs = configs or {}
+    d = d.assign(start=[_start_of(configs.get(r)) for r in d["run"]], key=d["value"].round(9),
+                 value=d["value"] * metric_scale(tidy, metric))
+    bad = d.groupby(["seed", "start"])["key"].transform("nunique") > 1
+    out = d[bad].sort_values(["seed", "value", "arm"], kind="stable")
+    return out[cols].reset_index(drop=True)
+
+
+def start_section(bad: pd.DataFrame, metric: str | None) -> list[str]:
+    """A warning paragraph for the report's top (markdown lines) from :func:`start_mismatches`; none
+    when it is empty."""
+    if bad is None or not len(bad):
+        return []
+    name = metric_short(metric) if metric else "the metric"
+    seeds = []
+    for seed, g in bad.groupby("seed", sort=True):
+        parts = [f"{', '.join(sorted(set(h['arm'])))} {v:.4g}" for v, h in g.groupby("value", sort=True)]
+        seeds.append(f"seed {seed}: {'; '.join(parts)}")
+    return [f"**Warning: runs that should start alike do not.** Runs with the same model, evaluation and "
+            f"engine settings and the same seed evaluate the same model with the same draws at step 0, so "
+            f"they log the same `{name}` there. These do not ({' | '.join(seeds)}): they started from "
+            f"different models, most likely made on machines whose CPU kernels differ (the base model is "
+            f"built on the machine that first needs it) or by two builds of it. Their paired differences "
+            f"carry that difference too. Rerun such a seed's arms on one machine (one model cache).", ""]
 
 
 def k_needed(k: int | None, noise: float, sd: float, target: float = TARGET) -> tuple[float, float, float]:

@@ -49,7 +49,7 @@ from .gain import GAIN_NOTE, format_gain, gain_figure, gain_table
 from .mechanisms import MECHANISMS_NOTE, format_mechanisms, mechanism_table
 from .learning import LEARNING_NOTE, format_learning, learning_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
-from .eval_noise import noise_section, noise_table, problems_from_runs
+from .eval_noise import noise_section, noise_table, problems_from_runs, start_mismatches, start_section
 from .samples import load_samples, passk_section, passk_curves, samples_from_runs, samples_section
 from .runs import (SnapshotError, SweepInfo, load_problems, load_runs, load_snapshot, merge_snapshot, read_meta,
                    snapshot, spec_runs, store_problem)
@@ -221,7 +221,8 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              + (f"; analysis commit {meta['commit']}" if meta.get("commit") else "")
              + "".join(f"; plus {m['n_runs']} runs from the snapshot of {m.get('created')} (commit {m.get('commit')})"
                        for m in meta.get("merged") or []),
-             "", decision_rule(int(fam.attrs.get("m", len(fam))), declared=bool(sweep.family)), "",
+             "", *start_section(start_mismatches(tidy, configs, t1.attrs.get("metric")), t1.attrs.get("metric")),
+             decision_rule(int(fam.attrs.get("m", len(fam))), declared=bool(sweep.family)), "",
              *([note, ""] if (note := decidable_note(int(fam.attrs.get("m", len(fam))),
                                                      int(fam["n"].min()) if len(fam) else 0)) else []),
              "## The primary family", "",

@@ -374,8 +374,9 @@ def _versions() -> dict[str, str]:
     import transformers
 
     import dapo
+    from dapo.tracking import cpu_name
 
-    return {"python": platform.python_version(), "torch": torch.__version__,
+    return {"python": platform.python_version(), "cpu": cpu_name(), "torch": torch.__version__,
             "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
             "dapo_lab": getattr(dapo, "__version__", "?")}
 

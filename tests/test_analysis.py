@@ -718,3 +718,30 @@ def test_a_spec_read_from_another_sweeps_store_takes_only_its_runs(store, tmp_pa
     err = capsys.readouterr().err.strip()
     assert err == f"dapo figures: error: none of the 1 runs of pair.yaml are in sweep {SWEEP!r}'s store (9 runs there)"
     assert not (tmp_path / "no").exists()
+
+
+def test_runs_that_should_start_alike_but_do_not_are_named_at_the_top(loaded, sweep, tmp_path):
+    """Runs of one seed with the same model, evaluation and engine settings log one step-0 value;
+    one that does not (made on another machine, another build of the model) is named in a warning at
+    the report's top; an arm whose engine differs (its rollout dtype) may differ and is not."""
+    from analysis.eval_noise import start_mismatches, start_section
+    from analysis.report import write_report
+    tidy, configs = loaded
+    metric = "eval/arith/avg_at_8"
+    assert start_mismatches(tidy, configs, metric).empty
+    at0 = (tidy["metric"] == metric) & (tidy["rollout_step"] == 0) & (tidy["seed"] == 1)
+    moved = tidy.copy()
+    moved.loc[at0 & (moved["arm"] == "clip"), "value"] = 0.05
+    moved.loc[at0 & (moved["arm"] == "token"), "value"] = 0.07
+    run_of = moved[at0].drop_duplicates("arm").set_index("arm")["run"]
+    cfg = {r: dict(c) for r, c in configs.items()}
+    cfg[run_of["token"]] = {**cfg[run_of["token"]], "model": {"rollout_dtype": "bfloat16"}}   # another engine
+    bad = start_mismatches(moved, cfg, metric)
+    assert bad.to_dict("list") == {"seed": [1, 1], "arm": ["grpo", "clip"], "value": [0.0, 5.0]}
+    text = " ".join(start_section(bad, metric))
+    assert "seed 1: grpo 0; clip 5" in text and "token" not in text
+    write_report(moved, cfg, sweep, tmp_path / "r", formats=("png",))
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert report.index("should start alike") < report.index("## The primary family")
+    write_report(tidy, configs, sweep, tmp_path / "ok", formats=("png",))
+    assert "should start alike" not in (tmp_path / "ok" / "report.md").read_text()
