@@ -137,7 +137,9 @@ class DynamicSamplingConfig:
     mode: Literal["refill", "filter", "mask"] = doc(
         "what happens to the groups outside the band: refill (DAPO: dropped, and more rounds are generated until "
         "the batch is full), filter (dropped, one round of batch_prompts, no refill: a smaller batch), mask (kept "
-        "in the batch with loss weight 0: out of every token and sequence count)", "refill")
+        "in the batch with loss weight 0: out of every token and sequence count of its mini-batch; with one prompt per "
+        "mini-batch, train.mini_batch_prompts = 1, and no KL term it trains exactly as no dynamic sampling: a flat "
+        "group's advantages are 0 already and it is alone in its mini-batch)", "refill")
     min_acc: float = doc("the band's lower end: a group is kept when min_acc < #correct/G < max_acc (0 and 1: "
                          "0 < #correct < G, DAPO's rule)", 0.0)
     max_acc: float = doc("the band's upper end (exclusive, see min_acc)", 1.0)
