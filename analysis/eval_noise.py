@@ -36,6 +36,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dapo.config import flatten
+
 from .metric_names import EVAL_RE, metric_scale, metric_short, primary_metric
 from .runs import PROBLEM_COLUMNS, SweepInfo, normalize_problems
 from .stats import ALPHA, run_finals, sd_interval
@@ -120,16 +122,7 @@ def _start_of(config: Mapping | None) -> str:
     """The :data:`START_KEYS` part of a resolved config, as one comparable string ("" without a config)."""
     if not config:
         return ""
-    flat: dict = {}
-
-    def walk(d: Mapping, prefix: str) -> None:
-        for k, v in d.items():
-            if isinstance(v, Mapping):
-                walk(v, f"{prefix}{k}.")
-            else:
-                flat[f"{prefix}{k}"] = v
-    walk(config, "")
-    return repr(sorted((k, repr(v)) for k, v in flat.items()
+    return repr(sorted((k, repr(v)) for k, v in flatten(dict(config)).items()
                        if any(k == key or (key.endswith(".") and k.startswith(key)) for key in START_KEYS)))
 
 
