@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .runs import ArmInfo, SweepInfo, arm_order
-from .stats import effect_verdict, interval_label, paired_diff, t_interval
+from .stats import effect_verdict, format_p, interval_label, paired_diff, t_interval
 
 __all__ = ["MISMATCH", "LENGTH_BUCKETS", "mismatch_table", "format_mismatch", "mismatch_figure",
            "behaviour_section", "BEHAVIOUR_NOTE"]
@@ -82,7 +82,7 @@ def format_mismatch(df: pd.DataFrame, labels: dict[str, str] | None = None) -> p
                                                  df["method"])],
         "grows (last − first)": [iv(*r) for r in zip(df["grows"], df["grows_lo"], df["grows_hi"],
                                                      df["grows_level"], df["grows_method"])],
-        "p (sign-flip)": ["–" if not np.isfinite(p) else f"{p:.3f}" for p in df["p"]],
+        "p (sign-flip)": [format_p(p) for p in df["p"]],
         "verdict (exploratory)": df["verdict"],
         "mean \\|Δ log p\\|": [_g(v) for v in df["abs_diff_mean"]],
     })

@@ -15,8 +15,8 @@ import pandas as pd
 from .arms import dapo_pairs
 from .metric_names import equivalence_margin, metric_scale, primary_metric
 from .runs import SweepInfo
-from .stats import effect_verdict, interval_label, paired_diff, run_finals, t_interval
-from .tables import _fmt_diff_ci, _fmt_p, _seed_finals
+from .stats import effect_verdict, format_p, interval_label, paired_diff, run_finals, t_interval
+from .tables import _fmt_diff_ci, _seed_finals
 
 __all__ = ["GAIN_NOTE", "gain_table", "format_gain", "gain_figure"]
 
@@ -75,13 +75,13 @@ def format_gain(df: pd.DataFrame) -> pd.DataFrame:
         f"DAPO − GRPO{unit} [interval]": [_fmt_diff_ci(m, lo, hi, 2, lv, me, with_level=True) for m, lo, hi, lv, me in
                                           zip(df["gain"], df["gain_lo"], df["gain_hi"], df["gain_level"],
                                               df["gain_method"])],
-        "p": [_fmt_p(v) for v in df["gain_p"]],
+        "p": [format_p(v) for v in df["gain_p"]],
         f"change from the first setting{unit} [interval]": [
             _fmt_diff_ci(m, lo, hi, 2, lv, me, with_level=True) if np.isfinite(m) else "–"
             for m, lo, hi, lv, me in zip(df["change"], df["change_lo"], df["change_hi"], df["change_level"],
                                          df["change_method"])],
-        "p (change)": [_fmt_p(v) for v in df["change_p"]],
-        "TOST p (change)": [_fmt_p(v) for v in df["change_p_tost"]],
+        "p (change)": [format_p(v) for v in df["change_p"]],
+        "TOST p (change)": [format_p(v) for v in df["change_p_tost"]],
         "seeds": df["n"], "verdict (exploratory)": [v or "–" for v in df["change_verdict"]],
     })
 

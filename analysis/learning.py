@@ -26,7 +26,7 @@ from .arms import arms_with_runs
 from .mechanisms import window_means
 from .metric_names import PERCENT, equivalence_margin, metric_scale, primary_metric
 from .runs import SweepInfo
-from .stats import effect_verdict, interval_label, paired_diff, run_finals
+from .stats import effect_verdict, format_p, interval_label, paired_diff, run_finals
 from .tables import _seed_finals
 
 __all__ = ["learning_table", "format_learning", "LEARNING_NOTE"]
@@ -99,6 +99,6 @@ def format_learning(df: pd.DataFrame) -> pd.DataFrame:
         "change [interval]": [f"{_num(v, True)} [{_num(lo, True)}, {_num(hi, True)}] {interval_label(m, lv)}"
                               if np.isfinite(lo) else _num(v, True)
                               for v, lo, hi, lv, m in zip(df["value"], df["lo"], df["hi"], df["level"], df["method"])],
-        "p (sign-flip)": ["–" if not np.isfinite(p) else f"{p:.3f}" for p in df["p"]],
+        "p (sign-flip)": [format_p(p) for p in df["p"]],
         "seeds": df["n"], "verdict (exploratory)": df["verdict"],
     })

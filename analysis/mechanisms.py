@@ -54,7 +54,7 @@ import pandas as pd
 from .arms import TOGGLES, baseline_arm, exact_pairs, find_pair, grid_change
 from .metric_names import equivalence_margin, metric_scale, primary_metric
 from .runs import SweepInfo
-from .stats import effect_verdict, interval_label, level_verdict, paired_diff, t_interval, t_test_p
+from .stats import effect_verdict, format_p, interval_label, level_verdict, paired_diff, t_interval, t_test_p
 
 __all__ = ["window_means", "steps_to_reach", "next_evaluation", "evaluation_gap", "mechanism_table",
            "format_mechanisms", "MECHANISMS_NOTE", "SUCCESSORS"]
@@ -357,7 +357,7 @@ def format_mechanisms(df: pd.DataFrame) -> pd.DataFrame:
                              if np.isfinite(lo) else _num(v)
                              for v, lo, hi, lv, m in zip(df["value"], df["lo"], df["hi"], df["level"], df["method"])],
         "predicts": df["predicts"],
-        "p (test)": ["–" if not np.isfinite(p) else f"{p:.3f} ({t})" for p, t in zip(df["p"], df["test"])],
+        "p (test)": ["–" if not np.isfinite(p) else f"{format_p(p)} ({t})" for p, t in zip(df["p"], df["test"])],
         "seeds": df["n"], "verdict (exploratory)": df["verdict"],
         "figure": [f"[{f}](figures/{f}.png)" for f in df["figure"]],
     })

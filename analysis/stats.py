@@ -71,6 +71,13 @@ class Interval:
     n: int
 
 
+def format_p(p) -> str:
+    """A p-value as reports print it: 3 decimals, "< 0.001" below (never "0.000"), "–" when undefined."""
+    if p is None or not np.isfinite(p):
+        return "–"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def interval_label(method: str, level: float) -> str:
     """"96.9% sign-flip" / "95% t" — how a table or a figure names its interval."""
     if method == "none" or not np.isfinite(level):

@@ -22,7 +22,7 @@ from .arms import (DAPO_TOGGLES, arms_with_runs, baseline_arm, dapo_arm, exact_p
 from .metric_names import (dataset_name, equivalence_margin, is_paper_metric, mask_undefined, metric_scale,
                            metric_short, primary_metric)
 from .runs import ArmInfo, SweepInfo
-from .stats import (SEEDS_NEEDED_METHOD, effect_verdict, holm, interval_label, min_pairs_sign_flip, paired_diff,
+from .stats import (SEEDS_NEEDED_METHOD, effect_verdict, format_p, holm, interval_label, min_pairs_sign_flip, paired_diff,
                     run_finals, sd_interval, seeds_needed_sign_flip, t_interval)
 
 __all__ = ["table1", "format_table1", "table1_footnote", "primary_pairs", "family_table", "format_family",
@@ -232,13 +232,6 @@ def _signed(v, digits=1) -> str:
     return "0.0" if float(s) == 0 else s.replace("-", "−")
 
 
-def _fmt_p(p) -> str:
-    """p-values: 3 decimals, "< 0.001" below."""
-    if p is None or not np.isfinite(p):
-        return "–"
-    return "< 0.001" if p < 0.001 else f"{p:.3f}"
-
-
 def _fmt_diff_ci(m, lo, hi, n, level=np.nan, method="", *, with_level: bool = False) -> str:
     """"+1.2 [−0.3, +2.5]" (+ " 96.9% sign-flip" with_level; one pair: no interval)."""
     if not np.isfinite(m):
@@ -299,8 +292,8 @@ def format_table1(df: pd.DataFrame) -> pd.DataFrame:
             _fmt_diff_ci(v, lo, hi, n, lv, me, with_level=per_cell)
             for v, lo, hi, n, lv, me in zip(df["d_prev"], df["d_lo"], df["d_hi"], df["n_pairs"], df["d_level"],
                                             df["d_method"])]
-        out["p (sign-flip)"] = [_fmt_p(v) for v in df["p_prev"]]
-        out[f"p Holm (family of {m})"] = [_fmt_p(v) for v in df["p_holm"]]
+        out["p (sign-flip)"] = [format_p(v) for v in df["p_prev"]]
+        out[f"p Holm (family of {m})"] = [format_p(v) for v in df["p_holm"]]
         out["verdict"] = [v or "–" for v in df["verdict"]]
         out["seeds for paper's Δ (80% power, Holm)"] = [
             _fmt_need(n, lo, hi, d) for n, lo, hi, d in zip(df["seeds_needed"], df["seeds_needed_lo"],
@@ -356,9 +349,9 @@ def format_family(df: pd.DataFrame) -> pd.DataFrame:
         f"Δ{unit} [interval, level]": [_fmt_diff_ci(v, lo, hi, n, lv, me, with_level=True) for v, lo, hi, n, lv, me
                                       in zip(df["mean"], df["lo"], df["hi"], df["n"], df["level"], df["method"])],
         "pairs": df["n"].astype(int).astype(str),
-        "p": [_fmt_p(v) for v in df["p"]],
-        "p Holm": [_fmt_p(v) for v in df["p_holm"]],
-        f"TOST ±m{unit}, p Holm": [f"±{_fmt(mg, 2 if mg < 1 else 1)}: {_fmt_p(pt)}" if np.isfinite(mg) else "–"
+        "p": [format_p(v) for v in df["p"]],
+        "p Holm": [format_p(v) for v in df["p_holm"]],
+        f"TOST ±m{unit}, p Holm": [f"±{_fmt(mg, 2 if mg < 1 else 1)}: {format_p(pt)}" if np.isfinite(mg) else "–"
                                    for mg, pt in zip(df["margin"], df["p_tost_holm"])],
         "verdict": df["verdict"],
         "seeds for paper's Δ (80% power, Holm)": [
@@ -432,7 +425,7 @@ def paired_line(tidy: pd.DataFrame, off: ArmInfo, on: ArmInfo, metric: str, fina
         return f"Paired over seeds on `{metric}`: no seed ran in both arms.\n"
     test = f"exact sign-flip, 2^{r.n} = {2 ** r.n} flips" if r.exact else "Monte Carlo sign flips"
     ci = f" [{_signed(r.lo)}, {_signed(r.hi)}; {interval_label(r.method, r.level)}]" if r.n > 1 else ""
-    tost = (f"; TOST against ±{_fmt(margin, 2 if margin < 1 else 1)}{unit}: p = {_fmt_p(r.p_tost)}"
+    tost = (f"; TOST against ±{_fmt(margin, 2 if margin < 1 else 1)}{unit}: p = {format_p(r.p_tost)}"
             if margin is not None else "")
     acfg = flat_arm_configs(tidy, sweep, configs) if sweep is not None else None
     delta = paper_delta(off, on, acfg)
@@ -446,7 +439,7 @@ def paired_line(tidy: pd.DataFrame, off: ArmInfo, on: ArmInfo, metric: str, fina
     else:
         paper = "; no paper values for this pair, so no seeds-needed"
     return (f"**Paired over seeds** on `{metric}` (n = {r.n} pairs, seeds {', '.join(str(x) for x in r.seeds)}): "
-            f"Δ = {_signed(r.mean)}{unit}{ci}, p = {_fmt_p(r.p)} ({test}, unadjusted; SD of differences "
+            f"Δ = {_signed(r.mean)}{unit}{ci}, p = {format_p(r.p)} ({test}, unadjusted; SD of differences "
             f"{_fmt(r.sd, 2)}{unit}){tost}{paper}.\n")
 
 

@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     vocab = model.config.vocab_size
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), "unknown")
+    from dapo.hardware import cpu_name
+    cpu = cpu_name()
     print("## Training throughput: update phase vs matmul ceiling, padded and packed\n")
     print(f"machine: {cpu}, {os.cpu_count()} cores, {args.threads} threads; torch {torch.__version__}; "
           f"load average before: {os.getloadavg()[0]:.1f}")

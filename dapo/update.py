@@ -12,13 +12,12 @@ import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
-from dapo import algo
+from dapo import algo, hardware
 from dapo.config import Config
 from dapo.distributed import clip_grad_norm
 from dapo.logprobs import FILLER, filler_forward, logit_options, rank_micro_batches, response_forward
@@ -56,11 +55,7 @@ def bf16_autocast(cfg: Config, device: torch.device) -> bool:
         return False
     if device.type == "cuda":
         return True
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in info or "amx_bf16" in info
+    return hardware.has_bf16()
 
 
 def build_policy(cfg: Config, model_path, dist_info, pad_id: int) -> Policy:

@@ -15,6 +15,10 @@ Phases, each driven directly (``dapo train`` needs MLflow; vLLM is not imported:
    MFU = 6·P·tokens / time / measured matmul rate (and 8·P: with the recomputed forward); peak memory
    (``torch.cuda.max_memory_allocated``) against ``dapo plan``'s update phase for the same shape
    and budget (less vLLM and the runtime overhead, which this check does not have);
+2b. the padding-free update (``train.packed``) on the larger shape: packed log-probs equal padded
+   ones on a mixed-length batch (fp32, limit 1e-4: this transformers and attention kernel keep packed
+   sequences apart), then the update's MFU on uniform and on mixed lengths (L/8..L), padded and
+   packed, with mixed/uniform per layout (target for packed: >= 0.90);
 3. a DCP checkpoint of the sharded model and optimizer (``dapo.checkpoint.save_checkpoint``), loaded
    into a fresh sharded model and optimizer: every weight and AdamW moment equal, bit for bit;
 4. 2 rollout steps with the plain-transformers engine on the device (generate, score, advantages,
@@ -110,8 +114,9 @@ def build_models(root: Path, cpu: bool) -> dict[str, Path]:
     return out
 
 
-def check_config(model_path: Path, cpu: bool, tokens: int, chunk: int):
-    """The update's config: the tiny experiments' loop, this model, one micro-batch of ``tokens`` tokens."""
+def check_config(model_path: Path, cpu: bool, tokens: int, chunk: int, packed: bool = False):
+    """The update's config: the tiny experiments' loop, this model, one micro-batch of ``tokens`` tokens
+    (``packed``: ``train.packed``, the padding-free layout)."""
     from dapo.config import load_config
     resp = tokens // 2 // 4
     return load_config(REPO / "experiments" / "tiny-random-smoke.yaml", [
@@ -120,21 +125,26 @@ def check_config(model_path: Path, cpu: bool, tokens: int, chunk: int):
         "train.mini_batch_prompts=2", "train.micro_batch_seqs=8", f"train.max_tokens_per_micro_batch={tokens}",
         f"data.max_prompt_tokens={resp}", f"rollout.max_new_tokens={resp}", f"algo.overlong.max_len={resp}",
         f"algo.overlong.cache_len={max(1, resp // 4)}", f"train.logits_chunk_tokens={chunk}",
-        "algo.dynamic_sampling.enabled=false"])
+        "algo.dynamic_sampling.enabled=false", f"train.packed={str(packed).lower()}"])
 
 
-def full_length_batch(cfg, vocab: int, seed: int = 0):
-    """A RolloutBatch of batch_prompts × n full-length sequences (max prompt + max response tokens)."""
+def full_length_batch(cfg, vocab: int, seed: int = 0, mixed: bool = False):
+    """A RolloutBatch of batch_prompts × n sequences: max prompt tokens each, and max response tokens
+    each (``mixed``: prompt and response lengths drawn uniformly from [P/8, P] and [L/8, L], an RL
+    batch's spread, so that short sequences share a packed row)."""
     import torch
 
     from dapo.rollout import RolloutBatch
     g = torch.Generator().manual_seed(seed)
     B, n = cfg.train.batch_prompts, cfg.rollout.n
     P, L = cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
-    prompts = [torch.randint(3, vocab, (P,), generator=g).tolist() for _ in range(B)]
+    draw = lambda top, k: [int(torch.randint(max(1, top // 8), top + 1, (1,), generator=g)) if mixed else top
+                           for _ in range(k)]
+    lens = draw(L, B * n)
+    prompts = [torch.randint(3, vocab, (p,), generator=g).tolist() for p in draw(P, B)]
     correct = torch.tensor([[(b + k) % 2 == 0 for k in range(n)] for b in range(B)])
     return RolloutBatch([p for p in prompts for _ in range(n)],
-                        [torch.randint(3, vocab, (L,), generator=g).tolist() for _ in range(B * n)],
+                        [torch.randint(3, vocab, (l,), generator=g).tolist() for l in lens],
                         torch.ones(B * n, dtype=torch.bool), correct, correct.float() * 2 - 1, torch.zeros(B, n))
 
 
@@ -201,6 +211,66 @@ def update_phase(name: str, path: Path, d, cpu: bool, tflops: float, tokens: int
     return {"policy": policy, "cfg": cfg, "batch": batch, "adv": adv, "mask": mask}
 
 
+def packed_phase(name: str, path: Path, d, cpu: bool, tflops: float, tokens: int, chunk: int,
+                 repeats: int = 2) -> None:
+    """Phase 2b, the padding-free update on this device: (a) packed log-probs equal padded ones on
+    a mixed-length batch (the fp32 model unsharded, no autocast: block-causal attention per sequence
+    in this transformers and this attention kernel, or the packed update is silently wrong);
+    (b) update time and MFU of uniform vs mixed lengths, padded vs packed (the median of
+    ``repeats`` after a warm-up), with mixed/uniform for each layout (target for packed: >= 0.90)."""
+    import statistics
+
+    import torch
+
+    from dapo import algo
+    from dapo.logprobs import old_logprobs, response_forward, response_mask
+    from dapo.models import load_model
+    from dapo.update import update_policy
+    cfgs = {lay: check_config(path, cpu, tokens, chunk, packed=lay == "packed") for lay in ("padded", "packed")}
+    plain = load_model(path, dtype="float32").to(d.device).eval()
+    batches = {k: full_length_batch(cfgs["padded"], plain.config.vocab_size, seed=1, mixed=k == "mixed")
+               for k in ("uniform", "mixed")}
+    with torch.no_grad():
+        lp = {lay: old_logprobs(plain, batches["mixed"], cfgs[lay], 0, d.device, False) for lay in cfgs}
+    m = lp["padded"][2].bool()
+    diff = float((lp["packed"][0] - lp["padded"][0])[m].abs().max())
+    mixed = batches["mixed"]
+    rows = response_forward(plain, mixed.prompt_ids, mixed.response_ids, 0, d.device, False, packed=True).logits.shape[0]
+    say(f"{name}: packed vs padded log-probs (fp32, mixed lengths, {int(m.sum())} response tokens, "
+        f"{len(mixed.response_ids)} sequences in {rows} packed rows): max |difference| {diff:.2e} "
+        f"(limit 1e-4; attention {plain.config._attn_implementation})")
+    del plain
+    if rows >= len(mixed.response_ids):
+        raise SystemExit(f"device-check: {name}: no two sequences share a packed row; the check would prove nothing")
+    if not diff <= 1e-4:
+        raise SystemExit(f"device-check: {name}: packed log-probs differ from padded ones by {diff:.2e}: "
+                         "this transformers/attention does not keep packed sequences apart")
+    policy = sharded_policy(cfgs["padded"], path, d)
+    P = sum(p.numel() for p in policy.model.parameters())
+    times: dict[tuple[str, str], list[float]] = {}
+    for rep in range(repeats + 1):                       # alternate the four, so drift hits all alike
+        for kind, batch in batches.items():
+            adv = algo.group_advantages(batch.rewards).reshape(-1)
+            mask = response_mask(batch)
+            for lay, cfg in cfgs.items():
+                _sync(d.device)
+                t = time.perf_counter()
+                update_policy(policy, batch, None, adv, mask, cfg)
+                _sync(d.device)
+                if rep:                                  # the first round is the warm-up
+                    times.setdefault((kind, lay), []).append(time.perf_counter() - t)
+    mfu = {}
+    for (kind, lay), ts in times.items():
+        b = batches[kind]
+        real = sum(len(p) + len(r) for p, r in zip(b.prompt_ids, b.response_ids))
+        mfu[kind, lay] = 6 * P * real / statistics.median(ts) / (tflops * 1e12)
+        say(f"{name}: {kind:7s} lengths, {lay:6s}: {real} real tokens, update {statistics.median(ts):.3f} s, "
+            f"MFU {100 * mfu[kind, lay]:.1f}%")
+    for lay in cfgs:
+        say(f"{name}: {lay}: mixed/uniform MFU {mfu['mixed', lay] / mfu['uniform', lay]:.2f}"
+            + (" (target >= 0.90)" if lay == "packed" else ""))
+
+
 def checkpoint_phase(state: dict, path: Path, d, root: Path) -> None:
     """Phase 3: DCP save of the sharded model + optimizer, load into fresh ones, compare bit for bit."""
     import torch
@@ -261,15 +331,35 @@ def rollout_phase(path: Path, d, steps: int = 2) -> None:
             f"update {time.perf_counter() - t:.2f} s ({len(stats)} optimizer steps)")
 
 
+def add_wheels(folder: Path, site: Path) -> list[str]:
+    """Unpack every ``*.whl`` in ``folder`` into ``site`` (a wheel is a zip of its import tree; no pip,
+    no index) and append ``site`` to ``sys.path``: a package the image has wins over a carried one.
+    Returns the wheels' names."""
+    import zipfile
+    wheels = sorted(folder.glob("*.whl"))
+    if not wheels:
+        raise SystemExit(f"device-check: --wheels {folder}: no .whl files there")
+    site.mkdir(parents=True, exist_ok=True)
+    for w in wheels:
+        with zipfile.ZipFile(w) as z:
+            z.extractall(site)
+    sys.path.append(str(site))
+    return [w.name.split("-")[0] + " " + w.name.split("-")[1] for w in wheels]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="CPU + gloo, small shapes (tests the script's logic)")
     ap.add_argument("--tokens", type=int, default=None, help="token budget per micro-batch (default 16384; --cpu 256)")
     ap.add_argument("--chunk", type=int, default=None, help="train.logits_chunk_tokens (default 2048; --cpu 64)")
     ap.add_argument("--workdir", default=None, help="where the models and the checkpoint go (default: a temp dir)")
+    ap.add_argument("--wheels", default=None, help="a folder of carried wheels (e.g. accelerate, psutil) for "
+                    "packages the image lacks: unpacked under the workdir and put after the image's own")
     a = ap.parse_args(argv)
     for name in FORBIDDEN:     # as if not installed: `import` raises, importlib.util.find_spec says None
         sys.modules[name] = None   # type: ignore[assignment]
+    if a.wheels:
+        say(f"carried wheels: {', '.join(add_wheels(Path(a.wheels), Path(a.workdir or tempfile.mkdtemp()) / 'site'))}")
     import importlib.util
     missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
     if missing:
@@ -295,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     tflops = matmul_tflops(device, dtype, 8192 if cuda else 512)
     say(f"matmul rate ({'bf16' if cuda else 'fp32'}, measured): {tflops:.2f} TFLOP/s")
+    if a.workdir:
+        Path(a.workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=a.workdir) as tmp:
         root = Path(tmp)
         d = init_group(cuda)
@@ -309,6 +401,10 @@ def main(argv: list[str] | None = None) -> int:
                 del state
             if cuda:
                 torch.cuda.empty_cache()
+        big = list(models)[-1]
+        packed_phase(big, models[big], d, a.cpu, tflops, tokens, chunk)
+        if cuda:
+            torch.cuda.empty_cache()
         checkpoint_phase(first[0], first[1], d, root)
         rollout_phase(next(iter(models.values())), d)
         torch.distributed.destroy_process_group()

@@ -316,7 +316,8 @@ def test_a_multi_process_job_passes_usr2_to_its_ranks_and_waits_for_their_checkp
 # =========================================================================== the one-GPU check script
 def test_device_check_script_runs_its_phases_on_cpu_without_vllm_or_mlflow(tmp_path):
     """scripts/device-check.sh --cpu: the same phases as on a GPU (1-rank FSDP2 update on two shapes with
-    the plan's prediction, DCP save and resume, 2 transformers-engine rollout steps), gloo, small shapes;
+    the plan's prediction, packed = padded log-probs and the padded/packed MFU on uniform and mixed
+    lengths, DCP save and resume, 2 transformers-engine rollout steps), gloo, small shapes;
     the driver makes vllm/mlflow/submitit unimportable, so any import of them fails the run."""
     p = subprocess.run(["bash", "scripts/device-check.sh", "--cpu", "--tokens", "64", "--chunk", "16",
                         "--workdir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -328,10 +329,40 @@ def test_device_check_script_runs_its_phases_on_cpu_without_vllm_or_mlflow(tmp_p
     for shape in ("tiny-3m", "qwen2.5-0.5b-shape"):
         assert any(l.startswith(f"[device-check] {shape}: ") and "MFU" in l for l in lines), shape
         assert any(f"{shape}: dapo plan's update phase" in l for l in lines), shape
+    packed = next(l for l in lines if "packed vs padded log-probs" in l)      # a real packing: rows < sequences
+    assert "8 sequences in " in packed and " 8 packed rows" not in packed, packed
+    assert sum("lengths, padded:" in l or "lengths, packed:" in l for l in lines) == 4
+    assert any("packed: mixed/uniform MFU" in l for l in lines)
     assert any("weights equal: True, AdamW moments equal: True" in l for l in lines)
     assert sum("rollout step" in l and "transformers engine" in l for l in lines) == 2
     assert lines[-1].startswith("[device-check] device-check: OK")
 
+
+
+def test_device_check_carried_wheels_fill_gaps_and_never_shadow_the_image(tmp_path, monkeypatch):
+    """--wheels DIR: each wheel is unpacked (no pip on the image) into a folder put after the image's own
+    packages, so a carried package the image lacks imports, and one the image has stays the image's."""
+    import importlib
+    import importlib.util
+    import zipfile
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location("device_check", REPO / "scripts" / "device_check.py")
+    dc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dc)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "carried_pkg-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("carried_pkg/__init__.py", "VALUE = 7\n")
+    with zipfile.ZipFile(wheels / "yaml-0.0-py3-none-any.whl", "w") as z:          # the image has PyYAML
+        z.writestr("yaml/__init__.py", "raise ImportError('the carried copy shadowed the image')\n")
+    assert dc.add_wheels(wheels, tmp_path / "site") == ["carried_pkg 1.0", "yaml 0.0"]
+    assert sys.path[-1] == str(tmp_path / "site")
+    assert importlib.import_module("carried_pkg").VALUE == 7
+    monkeypatch.delitem(sys.modules, "yaml", raising=False)
+    assert hasattr(importlib.import_module("yaml"), "safe_load")
+    with pytest.raises(SystemExit, match="no .whl files"):
+        dc.add_wheels(tmp_path / "site", tmp_path / "site2")
+    monkeypatch.delitem(sys.modules, "carried_pkg")
 
 if __name__ == "__main__":
     _worker(Path(sys.argv[2]))

@@ -218,3 +218,19 @@ def test_the_report_says_when_its_seeds_cannot_decide_the_family(m, pairs):
     if note:
         assert "nothing yet" in note and "directions, not findings" in note
         assert f"{ {1: 6, 5: 8, 6: 8}[m]} pairs per comparison are the fewest" in note
+
+
+def test_a_p_below_one_in_a_thousand_is_printed_as_such_never_as_zero():
+    """A t-test's p can be 1e-5; "0.000" would claim certainty. Every report table prints p through
+    one formatter: 3 decimals, "< 0.001" below, "–" when undefined."""
+    import pandas as pd
+
+    from analysis.mechanisms import _level, format_mechanisms
+    from analysis.stats import format_p
+    assert [format_p(p) for p in (0.0, 4e-4, 0.001, 0.03125, 1.0, float("nan"), None)] == \
+        ["< 0.001", "< 0.001", "0.001", "0.031", "1.000", "–", "–"]
+    row = _level("off-policy updates", "clipped tokens, %", "grpo", pd.Series([0.48, 0.46, 0.50, 0.47, 0.49, 0.51]),
+                 "fig3", above=0.1)
+    assert row["p"] < 1e-6
+    shown = format_mechanisms(pd.DataFrame([row]))["p (test)"].iloc[0]
+    assert shown.startswith("< 0.001 (") and "0.000" not in shown
