@@ -219,6 +219,8 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              "- generated from the runs as snapshotted " + (meta.get("created") or "(no snapshot date)")
              + (f" from {meta['mlflow_uri']}" if meta.get("mlflow_uri") else "")
              + (f"; analysis commit {meta['commit']}" if meta.get("commit") else "")
+             + (f"; report regenerated from that snapshot at commit {meta['report_commit']}"
+                if meta.get("report_commit") not in (None, meta.get("commit")) else "")
              + "".join(f"; plus {m['n_runs']} runs from the snapshot of {m.get('created')} (commit {m.get('commit')})"
                        for m in meta.get("merged") or []),
              "", *start_section(start_mismatches(tidy, configs, t1.attrs.get("metric")), t1.attrs.get("metric")),
@@ -272,10 +274,14 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
 
 
 def _git_commit() -> str:
+    """The commit of the code writing the report: HEAD, with ``-dirty`` when a tracked file under
+    ``analysis/`` or ``dapo/`` differs from it (the report then comes from code no commit holds)."""
     try:
         root = Path(__file__).resolve().parent.parent
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
+        git = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        sha = git("rev-parse", "HEAD")
+        if sha and git("status", "--porcelain", "--untracked-files=no", "--", "analysis", "dapo"):
+            sha += "-dirty"
         return sha or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -435,7 +441,7 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
             tidy, configs, snap_sweep = load_snapshot(snap_dir)
             problems = load_problems(snap_dir)
             samples = load_samples(snap_dir)
-            meta = read_meta(snap_dir)
+            meta = {**read_meta(snap_dir), "report_commit": _git_commit()}
         except SnapshotError as exc:       # reads, but a report from it would be wrong
             raise InputError(f"snapshot {exc}") from None
         except (OSError, ValueError, KeyError, TypeError) as exc:   # corrupt parquet/json, a missing file

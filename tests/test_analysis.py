@@ -590,6 +590,14 @@ def test_cli_from_mlflow_without_torch_then_from_snapshot(store, tmp_path):
                  "--final-k", "2", "--formats", "png"]) == 0
     assert not (out2 / "figures" / "fig2.pdf").exists()
     assert (out2 / "figures" / "fig2.png").exists() and "rollout step" in (out2 / "report.md").read_text()
+    assert "report regenerated from that snapshot" not in (out2 / "report.md").read_text()   # same code
+    # a snapshot taken by other code: the report names both commits (the data's and the text's)
+    from analysis.report import _git_commit
+    meta["commit"] = "0" * 40
+    (out / "snapshot" / "meta.json").write_text(json.dumps(meta))
+    assert main(["--from-snapshot", str(out / "snapshot"), "--to", str(tmp_path / "res3"), "--formats", "png"]) == 0
+    assert (f"analysis commit {'0' * 40}; report regenerated from that snapshot at commit {_git_commit()}"
+            in (tmp_path / "res3" / "report.md").read_text())
     with pytest.raises(SystemExit):
         main(["--sweep", SWEEP, "--tracking-uri", uri, "--x", "wall"])
 
