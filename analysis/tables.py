@@ -451,12 +451,14 @@ COST_NOTE = ("Per run, mean over seeds. Generated tokens: sum of `sampling/gen_t
              "forward and backward. Thread-s: loop seconds (sum of `time/step_s`, which includes each step's "
              "evaluation, + the evaluation before training) × `train.threads`: the run records wall time only, "
              "so this is wall × threads, an upper bound on CPU-seconds (model loading not counted; – when "
-             "threads was left to all cores). Gain: final − first evaluation of the metric, in points; "
-             "thread-s per point = thread-s / gain, – when the gain is ≤ 0.")
+             "threads was left to all cores). Gain: final − first evaluation of the metric, in points, and p: "
+             "the two-sided exact sign-flip test of that change over seeds (exploratory, unadjusted). Thread-s "
+             "per point = thread-s / gain, only where the gain is positive with p ≤ 0.05; else –, since a cost "
+             "per point of a gain not shown to exist would be a ratio of noise.")
 """What the cost ledger counts, in words (under the table)."""
 
 COST_COLUMNS = ["arm", "label", "n_runs", "gen_tokens", "trained_tokens", "loop_s", "threads", "thread_s",
-                "first", "final", "gain", "thread_s_per_point"]
+                "first", "final", "gain", "gain_p", "thread_s_per_point"]
 
 
 def _run_sum(tidy: pd.DataFrame, metric: str) -> pd.Series:
@@ -475,8 +477,9 @@ def cost_ledger(tidy: pd.DataFrame, sweep_info: SweepInfo, configs: dict | None 
 
     Columns (per run, mean over the arm's seeds): gen_tokens, trained_tokens, loop_s, threads,
     thread_s = loop_s × threads (NaN when threads is unknown); first, final (the metric's first
-    evaluation and the mean of its last final_k, in the table's unit), gain = final − first,
-    thread_s_per_point = thread_s / gain (NaN when gain ≤ 0). configs: {run: resolved config}.
+    evaluation and the mean of its last final_k, in the table's unit), gain = final − first, gain_p (the
+    two-sided sign-flip p of final − first paired by seed), thread_s_per_point = thread_s / gain where
+    gain > 0 and gain_p ≤ α (else NaN). configs: {run: resolved config}.
     """
     metric = metric or sweep_info.metric or primary_metric(tidy)
     scale = metric_scale(tidy, metric) if metric else 1.0
@@ -490,6 +493,7 @@ def cost_ledger(tidy: pd.DataFrame, sweep_info: SweepInfo, configs: dict | None 
     m = tidy.loc[tidy["metric"] == metric].dropna(subset=["value"]).sort_values(["run", "grad_step"], kind="stable")
     first = m.groupby("run")["value"].first() * scale
     final = m.groupby("run").tail(final_k).groupby("run")["value"].mean() * scale
+    seed_of = tidy[["run", "seed"]].drop_duplicates("run").set_index("run")["seed"]
     per = pd.DataFrame({"run": runs["run"].to_numpy(), "arm": runs["arm"].to_numpy()})
     for name, ser in (("gen_tokens", gen), ("trained_tokens", trained), ("loop_s", loop),
                       ("first", first), ("final", final)):
@@ -502,8 +506,11 @@ def cost_ledger(tidy: pd.DataFrame, sweep_info: SweepInfo, configs: dict | None 
         mean = {c: float(g[c].mean()) if g[c].notna().any() else np.nan
                 for c in ("gen_tokens", "trained_tokens", "loop_s", "threads", "thread_s", "first", "final")}
         gain = mean["final"] - mean["first"]
-        rows.append({"arm": arm.name, "label": arm.label, "n_runs": int(len(g)), **mean, "gain": gain,
-                     "thread_s_per_point": mean["thread_s"] / gain if np.isfinite(gain) and gain > 0 else np.nan})
+        by_seed = g.assign(seed=g["run"].map(seed_of)).groupby("seed")[["first", "final"]].mean()
+        p = paired_diff(by_seed["first"].dropna(), by_seed["final"].dropna()).p
+        shown = np.isfinite(gain) and gain > 0 and np.isfinite(p) and p <= ALPHA
+        rows.append({"arm": arm.name, "label": arm.label, "n_runs": int(len(g)), **mean, "gain": gain, "gain_p": p,
+                     "thread_s_per_point": mean["thread_s"] / gain if shown else np.nan})
     df = pd.DataFrame(rows, columns=COST_COLUMNS)
     df.attrs.update(metric=metric, scale=scale, final_k=final_k)
     return df
@@ -530,7 +537,8 @@ def format_cost(df: pd.DataFrame) -> pd.DataFrame:
         "threads": [_fmt(v, 0) for v in df["threads"]],
         "thread-s/run (loop × threads)": [_fmt(v, 0) for v in df["thread_s"]],
         f"{metric} first → final{unit}": [f"{_fmt(a)} → {_fmt(b)}" for a, b in zip(df["first"], df["final"])],
-        f"gain{unit}": [_signed(v) for v in df["gain"]],
+        f"gain{unit}": [f"{_signed(v)} (p {format_p(p)})" if np.isfinite(p) else _signed(v)
+                            for v, p in zip(df["gain"], df["gain_p"])],
         "thread-s per point gained": [_fmt(v, 0) for v in df["thread_s_per_point"]],
     })
 

@@ -147,14 +147,29 @@ def test_cost_ledger_by_hand():
     assert a["gen_tokens"] == 400 and a["trained_tokens"] == 400                  # 4 steps × 100
     assert a["loop_s"] == 45 and a["threads"] == 2 and a["thread_s"] == 90         # (4 × 10 + 5) × 2
     assert a["first"] == pytest.approx(30.0) and a["final"] == pytest.approx(50.0) and a["gain"] == pytest.approx(20.0)
-    assert a["thread_s_per_point"] == pytest.approx(90 / 20)
+    # 3 seeds (+10, +20, +30): the sign-flip p cannot go below 2/2³ = 0.25, so the gain is not shown to exist
+    # and no cost per point is printed
+    assert a["gain_p"] == pytest.approx(0.25) and math.isnan(a["thread_s_per_point"])
     shown = format_cost(c.reset_index())
-    assert shown.loc[0, "thread-s/run (loop × threads)"] == "90" and shown.loc[0, "gain (pp)"] == "+20.0"
+    assert shown.loc[0, "thread-s/run (loop × threads)"] == "90" and shown.loc[0, "gain (pp)"] == "+20.0 (p 0.250)"
+    assert shown.loc[0, "thread-s per point gained"] == "–"
     assert shown.loc[0, "generated tokens/run"] == "400" and shown.loc[0, "avg@8 first → final (pp)"] == "30.0 → 50.0"
     # threads left to all cores: no thread-s (the run does not record the core count)
     u = cost_ledger(_tidy(), _sweep(), _configs(None), final_k=2).set_index("arm")
     assert math.isnan(u.loc["a", "thread_s"]) and math.isnan(u.loc["a", "thread_s_per_point"])
     assert u.loc["a", "loop_s"] == 45
+
+
+def test_cost_per_point_only_where_the_gain_is_shown(monkeypatch):
+    """6 seeds, each gaining: p = 2/2⁶ = 0.031 ≤ 0.05, so thread-s per point = thread-s / gain."""
+    from analysis.tables import cost_ledger, format_cost
+    monkeypatch.setitem(FINALS, "a", {s: 0.40 + 0.02 * s for s in range(6)})        # gains +10 … +20 points
+    c = cost_ledger(_tidy(), _sweep(), _configs(2), final_k=2).set_index("arm")
+    a = c.loc["a"]
+    assert a["gain"] == pytest.approx(15.0) and a["gain_p"] == pytest.approx(1 / 32)
+    assert a["thread_s_per_point"] == pytest.approx(90 / 15)
+    shown = format_cost(c.reset_index())
+    assert shown.loc[0, "gain (pp)"] == "+15.0 (p 0.031)" and shown.loc[0, "thread-s per point gained"] == "6"
 
 
 def test_cost_per_point_is_undefined_without_a_gain():
