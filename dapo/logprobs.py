@@ -35,7 +35,7 @@ from dapo.config import Config
 if TYPE_CHECKING:
     from dapo.rollout import RolloutBatch
 
-__all__ = ["pack", "pack_flat", "response_logits", "ResponseLogits", "response_forward", "ROWWISE_ATTENTION", "filler_forward",
+__all__ = ["pack", "pack_flat", "ffd_rows", "layer_costs", "packed_row_len", "ROW_CAP_FACTORS", "response_logits", "ResponseLogits", "response_forward", "ROWWISE_ATTENTION", "filler_forward",
            "logit_temperature", "logit_options", "token_logprobs", "token_entropy", "length_sorted", "micro_cost",
            "micro_batches", "balance_by_tokens", "rank_micro_batches", "FILLER", "response_mask",
            "response_loss_mask", "single_step_on_policy", "old_logprobs"]
@@ -79,6 +79,63 @@ def response_logits(model, prompt_ids, response_ids, pad_id, device, autocast: b
     return logits[:, :L], targets, resp_mask
 
 
+def ffd_rows(lens: list[int], cap: int) -> list[list[int]]:
+    """First-fit decreasing: the indices of sequences of ``lens`` tokens per row, each row holding at
+    most max(cap, longest) tokens; longest first (ties: lower index), each into the first row it fits."""
+    cap = max([cap, *lens])
+    rows: list[list[int]] = []
+    fill: list[int] = []
+    for i in sorted(range(len(lens)), key=lambda i: (-lens[i], i)):
+        k = next((k for k, f in enumerate(fill) if f + lens[i] <= cap), len(rows))
+        if k == len(rows):
+            rows.append([])
+            fill.append(0)
+        rows[k].append(i)
+        fill[k] += lens[i]
+    return rows
+
+
+#: Row caps tried by :func:`packed_row_len`, in multiples of the longest sequence.
+ROW_CAP_FACTORS = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
+
+
+def layer_costs(config) -> Optional[tuple[float, float]]:
+    """(a, b): forward FLOPs of one decoder layer per row token, a = 2 · its matmul parameters, and per
+    token pair of a row, b = 4 · heads · head_dim (QKᵀ and AV of a dense kernel, which computes the
+    masked-out pairs too). None where the config lacks the sizes (then rows stay at the longest sequence)."""
+    try:
+        h, i, heads = int(config.hidden_size), int(config.intermediate_size), int(config.num_attention_heads)
+        kv = int(getattr(config, "num_key_value_heads", None) or heads)
+        hd = int(getattr(config, "head_dim", None) or h // heads)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return 2.0 * (2 * h * heads * hd + 2 * h * kv * hd + 3 * h * i), 4.0 * heads * hd
+
+
+def packed_row_len(prompt_lens: list[int], response_lens: list[int], costs: Optional[tuple[float, float]]) -> int:
+    """The row cap for a row-wise attention kernel: c · the longest sequence, c from
+    :data:`ROW_CAP_FACTORS`, the one whose rows (:func:`ffd_rows`, R rows of width W) cost least,
+    R · W · (a + b · W) with (a, b) = :func:`layer_costs`, among those whose attention work R · W² stays
+    within the padded layout's, n · (longest prompt + longest response)². Wider rows leave less padding
+    (a row filled by one long sequence cannot take another) but cost more attention per token; with
+    small models and short sequences padding dominates, with long sequences attention does, and c = 1."""
+    lens = [p + r for p, r in zip(prompt_lens, response_lens)]
+    longest = max(lens, default=1)
+    if costs is None or not lens:
+        return longest
+    a, b = costs
+    padded_pairs = len(lens) * (max(prompt_lens) + max(max(response_lens), 1)) ** 2
+    best = (float("inf"), longest)
+    for c in ROW_CAP_FACTORS:
+        cap = int(c * longest)
+        rows = ffd_rows(lens, cap)
+        W = max(sum(lens[i] for i in row) for row in rows)
+        if c > 1 and len(rows) * W * W > padded_pairs:
+            continue
+        best = min(best, (len(rows) * W * (a + b * W), cap))
+    return best[1]
+
+
 def pack_flat(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int, device,
               row_len: Optional[int] = None):
     """Concatenate the n sequences (prompt + response, no padding between them) into rows.
@@ -96,19 +153,11 @@ def pack_flat(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id
     n = len(prompt_ids)
     L = max(max((len(r) for r in response_ids), default=0), 1)
     lens = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
-    cap = sum(lens) if row_len is None else max([row_len, *lens])
-    rows: list[list[int]] = []                                  # sequence indices per row
-    fill: list[int] = []
-    for i in sorted(range(n), key=lambda i: (-lens[i], i)):
-        if not prompt_ids[i]:
-            raise ValueError(f"pack_flat: sequence {i} has an empty prompt (a packed response needs the token before it)")
-        k = next((k for k, f in enumerate(fill) if f + lens[i] <= cap), len(rows))
-        if k == len(rows):
-            rows.append([])
-            fill.append(0)
-        rows[k].append(i)
-        fill[k] += lens[i]
-    W = max(fill, default=1)
+    if not all(prompt_ids):
+        i = next(i for i, p in enumerate(prompt_ids) if not p)
+        raise ValueError(f"pack_flat: sequence {i} has an empty prompt (a packed response needs the token before it)")
+    rows = ffd_rows(lens, sum(lens) if row_len is None else row_len)   # sequence indices per row
+    W = max((sum(lens[i] for i in row) for row in rows), default=1)
     ids = torch.full((len(rows), W), pad_id, dtype=torch.long)
     pos = torch.zeros((len(rows), W), dtype=torch.long)
     need: list[tuple[int, int, int, int, int]] = []             # (r, column, i, j, target)
@@ -178,17 +227,19 @@ def response_forward(model, prompt_ids, response_ids, pad_id, device, autocast: 
     Packed: ``attention_mask=None`` and position ids that restart per sequence, which is
     transformers' packed-sequence input (block-causal attention per sequence, see the module doc).
     ``one_row`` None: one row unless the model's attention is in :data:`ROWWISE_ATTENTION`; then
-    rows as long as the longest sequence, so the attention does no more work than padded rows
-    (a dense kernel computes the masked-out scores too: one long row would cost T² instead of
-    Σ rows · W²). ``logits_to_keep`` is the tensor of the columns that predict response tokens.
+    rows capped by :func:`packed_row_len` (the longest sequence, or a few times it where that leaves
+    less padding for less cost), so the attention does no more work than padded rows (a dense kernel
+    computes the masked-out scores too: one long row would cost T² instead of Σ rows · W²).
+    ``logits_to_keep`` is the tensor of the columns that predict response tokens.
     """
     if not packed:
         return ResponseLogits(*response_logits(model, prompt_ids, response_ids, pad_id, device, autocast))
+    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)  # DDP: .module
     if one_row is None:
-        config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)  # DDP: .module
         one_row = getattr(config, "_attn_implementation", None) not in ROWWISE_ATTENTION
-    ids, pos, keep, targets, where, resp_mask = pack_flat(prompt_ids, response_ids, pad_id, device,
-                                                          row_len=None if one_row else 0)
+    row_len = None if one_row else packed_row_len([len(p) for p in prompt_ids], [len(r) for r in response_ids],
+                                                  layer_costs(config))
+    ids, pos, keep, targets, where, resp_mask = pack_flat(prompt_ids, response_ids, pad_id, device, row_len=row_len)
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=autocast):
         logits = model(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False,
                        logits_to_keep=keep).logits                                    # [R, U, V]

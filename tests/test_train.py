@@ -539,7 +539,7 @@ def test_packed_logprobs_and_entropies_equal_the_padded_ones():
     equal to 1e-6 in fp32 on every response token. The same row with an all-ones attention mask
     (which turns transformers' packed-sequence detection off) attends across sequences and differs:
     the equality is the block-causal attention, not a coincidence."""
-    from dapo.logprobs import ResponseLogits, pack_flat, response_forward
+    from dapo.logprobs import ResponseLogits, layer_costs, pack_flat, packed_row_len, response_forward
     model = _tiny_policy(3).eval()
     batch = _random_batch(seed=2)
     batch.response_ids[5] = []
@@ -554,10 +554,11 @@ def test_packed_logprobs_and_entropies_equal_the_padded_ones():
     for a, b in zip(packed[:2], padded[:2]):
         torch.testing.assert_close(a[computed], b[computed], rtol=0, atol=1e-6)
         assert float(a[~computed].abs().max()) == 0.0                   # packed: nothing computed at padding
-    # sdpa packs into rows as long as the longest sequence (here 5); one row (flash-attention's layout)
-    # and chunked log-probs agree too
+    # sdpa packs into rows capped by packed_row_len; one row (flash-attention's layout) and chunked
+    # log-probs agree too
     rows = response_forward(model, batch.prompt_ids, batch.response_ids, 0, cpu, False, packed=True)
-    assert 1 < rows.logits.shape[0] < 16 and rows.logits.shape[1] <= max(map(len, batch.prompt_ids)) + 8
+    cap = packed_row_len(list(map(len, batch.prompt_ids)), list(map(len, batch.response_ids)), layer_costs(model.config))
+    assert 1 < rows.logits.shape[0] < 16 and rows.logits.shape[1] <= cap
     fw = response_forward(model, batch.prompt_ids, batch.response_ids, 0, cpu, False, packed=True, one_row=True)
     assert fw.logits.shape[0] == 1
     torch.testing.assert_close(fw.logprobs(chunk_tokens=5)[computed], padded[0][computed], rtol=0, atol=1e-6)
@@ -569,6 +570,41 @@ def test_packed_logprobs_and_entropies_equal_the_padded_ones():
                       logits_to_keep=keep).logits.float().log_softmax(-1).gather(-1, tgt[..., None])[..., 0]
     leaky = ResponseLogits(None, None, padded[2], where).layout(leaky)
     assert float((leaky - padded[0])[mask].abs().max()) > 1e-2
+
+
+def test_packed_rows_widen_only_where_padding_costs_more_than_attention():
+    """Six sequences of 10, 10, 10, 10, 2, 2 tokens. Rows of the longest (10): four alone and [2, 2], 5 × 10 =
+    50 row tokens, 500 token pairs. Rows of 12 (1.25×): [10, 2] twice and two [10], 4 × 12 = 48 tokens,
+    576 pairs. With cost R·W·(a + b·W): attention-free (b = 0) the 12-token rows win, 48 < 50; with
+    b = a (attention-heavy) the 10-token rows, 550 < 624; without the model's sizes, the longest.
+    Random batches: the chosen rows never hold more token pairs than the padded layout."""
+    import random
+    from dapo.logprobs import ROW_CAP_FACTORS, ffd_rows, layer_costs, packed_row_len
+    P, R = [1] * 6, [9, 9, 9, 9, 1, 1]
+    assert ffd_rows([p + r for p, r in zip(P, R)], 12) == [[0, 4], [1, 5], [2], [3]]
+    assert packed_row_len(P, R, None) == 10
+    assert packed_row_len(P, R, (1.0, 0.0)) == 12
+    assert packed_row_len(P, R, (1.0, 1.0)) == 10
+    cfg = _tiny_policy(0).config
+    a, b = layer_costs(cfg)
+    h, i, heads, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = h // heads
+    assert (a, b) == (2 * (2 * h * heads * hd + 2 * h * kv * hd + 3 * h * i), 4 * heads * hd)
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 24)
+        P = [rng.randint(1, 40) for _ in range(n)]
+        R = [rng.randint(0, 200) for _ in range(n)]
+        lens = [p + r for p, r in zip(P, R)]
+        costs = (rng.choice([1.0, 1e3, 1e6]), rng.choice([0.0, 1.0, 1e3]))
+        cap = packed_row_len(P, R, costs)
+        assert cap in {int(c * max(lens)) for c in ROW_CAP_FACTORS}
+        rows = ffd_rows(lens, cap)
+        W = max(sum(lens[j] for j in r) for r in rows)
+        assert len(rows) * W * W <= n * (max(P) + max(max(R), 1)) ** 2 or cap == max(lens)
+        cost = lambda rows, W: len(rows) * W * (costs[0] + costs[1] * W)
+        r1 = ffd_rows(lens, 0)
+        assert cost(rows, W) <= cost(r1, max(sum(lens[j] for j in r) for r in r1))
 
 
 @pytest.mark.parametrize("micro,budget", [(16, None), (4, None), (16, 25)])
