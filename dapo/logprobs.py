@@ -311,9 +311,12 @@ def _by_positions(fn, logits: torch.Tensor, *extra: torch.Tensor, temperature: f
     return torch.cat(outs, dim=1)
 
 
-def length_sorted(idx: list[int], batch: RolloutBatch) -> list[int]:
+def length_sorted(idx: list[int], batch: RolloutBatch, packed: bool = False) -> list[int]:
     """``idx`` ordered by response length, then prompt length (longest first), so that each
-    micro-batch pads to similar lengths. Sums over a mini-batch do not depend on the order."""
+    micro-batch pads to similar lengths; ``packed``: by whole length (prompt + response), what a packed
+    row holds. Sums over a mini-batch do not depend on the order."""
+    if packed:
+        return sorted(idx, key=lambda i: (-len(batch.prompt_ids[i]) - len(batch.response_ids[i]), i))
     return sorted(idx, key=lambda i: (-len(batch.response_ids[i]), -len(batch.prompt_ids[i]), i))
 
 
@@ -384,7 +387,8 @@ def rank_micro_batches(idx: list[int], batch: RolloutBatch, cfg: Config, world: 
     passes (one token each). With one rank: ``micro_batches(length_sorted(idx))``, as before.
     """
     packed = cfg.train.packed
-    plans = [micro_batches(length_sorted(share, batch), batch, cfg) for share in balance_by_tokens(idx, batch, world)]
+    plans = [micro_batches(length_sorted(share, batch, packed), batch, cfg)
+             for share in balance_by_tokens(idx, batch, world)]
     M = max(len(m) for m in plans)
     for micro in plans:
         while len(micro) < M:

@@ -579,7 +579,12 @@ def test_packed_rows_widen_only_where_padding_costs_more_than_attention():
     b = a (attention-heavy) the 10-token rows, 550 < 624; without the model's sizes, the longest.
     Random batches: the chosen rows never hold more token pairs than the padded layout."""
     import random
-    from dapo.logprobs import ROW_CAP_FACTORS, ffd_rows, layer_costs, packed_row_len
+    from types import SimpleNamespace
+
+    from dapo.logprobs import ROW_CAP_FACTORS, ffd_rows, layer_costs, length_sorted, packed_row_len
+    # micro-batches of a packed layout group sequences by whole length (a row holds prompt + response)
+    b = SimpleNamespace(prompt_ids=[[3] * 30, [3] * 2, [3] * 10], response_ids=[[4] * 5, [4] * 20, [4] * 20])
+    assert length_sorted([0, 1, 2], b) == [2, 1, 0] and length_sorted([0, 1, 2], b, packed=True) == [0, 2, 1]
     P, R = [1] * 6, [9, 9, 9, 9, 1, 1]
     assert ffd_rows([p + r for p, r in zip(P, R)], 12) == [[0, 4], [1, 5], [2], [3]]
     assert packed_row_len(P, R, None) == 10
