@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dapo import algo
     from dapo.config import build_config
-    from dapo.logprobs import micro_cost, pack_flat, rank_micro_batches, response_mask
+    from dapo.logprobs import layer_costs, micro_cost, pack_flat, packed_row_len, rank_micro_batches, response_mask
     from dapo.models import load_model, resolve_model
     from dapo.update import Policy, update_policy
     torch.set_num_threads(args.threads)
@@ -129,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                     where="bench_flops") for layout in ("padded", "packed")}
                 seqs = list(range(len(batch.response_ids)))
                 padded = sum(micro_cost(mb, batch) for mb in rank_micro_batches(seqs, batch, cfgs["padded"], 1)[0])
-                rows = sum(pack_flat([batch.prompt_ids[i] for i in mb], [batch.response_ids[i] for i in mb], 0, "cpu",
-                                     row_len=0)[0].numel()
-                           for mb in rank_micro_batches(seqs, batch, cfgs["packed"], 1)[0])
+                rows = sum(pack_flat(ps, rs, 0, "cpu", row_len=packed_row_len(list(map(len, ps)), list(map(len, rs)),
+                                                                            layer_costs(model.config)))[0].numel()
+                           for mb in rank_micro_batches(seqs, batch, cfgs["packed"], 1)[0]
+                           for ps, rs in [([batch.prompt_ids[i] for i in mb], [batch.response_ids[i] for i in mb])])
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
                 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
                 policy = Policy(model, opt, sched, torch.device("cpu"), autocast=prec == "bf16")
