@@ -31,8 +31,8 @@ BEHAVIOUR_NOTE = ("Exploratory. k3 = mean(ρ − log ρ − 1) over the response
                   "(nats/token; 0 when the engine samples from exactly the trainer's distribution). Per run: the "
                   "mean over the first / last quarter of its rollout steps; per arm: the mean over seeds "
                   "[95% Student-t interval]. Grows: last − first quarter within each run, [exact sign-flip "
-                  "interval, its level], p: two-sided exact sign-flip test; \"acts\" when p ≤ 0.05 and it "
-                  "rose, \"opposite\" when it fell.")
+                  "interval, its level], p: two-sided exact sign-flip test; \"grows\" when p ≤ 0.05 and it "
+                  "rose, \"shrinks\" when p ≤ 0.05 and it fell, else \"inconclusive\".")
 
 
 def _arms(tidy: pd.DataFrame, sweep: SweepInfo) -> list[str]:
@@ -59,7 +59,7 @@ def mismatch_table(tidy: pd.DataFrame, sweep: SweepInfo) -> pd.DataFrame:
                      "last": last.mean, "last_lo": last.lo, "last_hi": last.hi, "level": last.level,
                      "method": last.method, "grows": d.mean, "grows_lo": d.lo, "grows_hi": d.hi,
                      "grows_level": d.level, "grows_method": d.method, "p": d.p,
-                     "verdict": effect_verdict(d.mean, d.p, predicted=1),
+                     "verdict": effect_verdict(d.mean, d.p, predicted=1, yes="grows", no="shrinks"),
                      "abs_diff_mean": float(ad["all"].mean()) if len(ad) else float("nan")})
     return pd.DataFrame(rows, columns=cols)
 

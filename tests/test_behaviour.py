@@ -45,7 +45,7 @@ def test_mismatch_levels_and_growth_by_hand():
     assert bf["first"] == pytest.approx(1e-3 * (1 + 1.5 / 8) + 2.5e-5)
     assert bf["last"] == pytest.approx(1e-3 * (1 + 7.5 / 8) + 2.5e-5)
     assert bf["grows"] == pytest.approx(1e-3 * 6 / 8) and bf["p"] == pytest.approx(2 / 2 ** 6)
-    assert bf["verdict"] == "acts" and bf["abs_diff_mean"] == pytest.approx(0.01)
+    assert bf["verdict"] == "grows" and bf["abs_diff_mean"] == pytest.approx(0.01)
     flat = t.loc["fp32"]                          # no change within a run: all 6 differences 0
     assert flat["grows"] == pytest.approx(0.0, abs=1e-15) and flat["verdict"] == "inconclusive"
     shown = format_mismatch(t.reset_index())
