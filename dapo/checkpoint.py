@@ -109,9 +109,12 @@ class PendingCheckpoint:
     every rank calls it; rank 0 publishes once all ranks' files are durable) and rotates the old ones."""
 
     def __init__(self, root: Path, tmp: Path | None, final: Path, step: int, keep_last: int,
-                 wait: Any, *, world: int = 1, rank: int = 0):
+                 wait: Any, *, world: int = 1, rank: int = 0, fsync_on_publish: bool = True):
         self.root, self.tmp, self.final, self.step, self.keep_last = root, tmp, final, step, keep_last
         self._wait, self.world, self.rank = wait, world, rank
+        # sharded: each rank's files are already durable when its wait returns (DCP's writer fsyncs the
+        # shards and .metadata, the rank its own small files), so the publish only renames
+        self.fsync_on_publish = fsync_on_publish
 
     def finish(self) -> Path:
         from dapo.distributed import all_gather_object, broadcast_object
@@ -124,7 +127,7 @@ class PendingCheckpoint:
         errors = [e for e in all_gather_object(err, self.world) if e]
         if not errors and self.rank == 0:
             try:
-                _publish(self.root, self.tmp, self.final, self.step)
+                _publish(self.root, self.tmp, self.final, self.step, fsync_files=self.fsync_on_publish)
             except Exception as exc:  # noqa: BLE001
                 errors = [f"{tag}{type(exc).__name__}: {exc}"]
         errors = broadcast_object(errors, self.world)
@@ -216,12 +219,11 @@ def _start(run_dir: Path, step: int, *, model, optimizer, scheduler, state, keep
     return PendingCheckpoint(root, tmp, final, step, keep_last, _in_background(write) if async_save else write)
 
 
-def _publish(root: Path, tmp: Path, final: Path, step: int) -> None:
-    """Make ``tmp``'s files durable, then give it the name ``final`` with one rename."""
-    for f in tmp.rglob("*"):  # make the bytes durable before publishing the name
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+def _publish(root: Path, tmp: Path, final: Path, step: int, *, fsync_files: bool = True) -> None:
+    """Make ``tmp``'s files durable (unless their writers already did: ``fsync_files=False``), then give
+    it the name ``final`` with one rename."""
+    if fsync_files:
+        _fsync_files(p for p in tmp.rglob("*") if p.is_file())   # the bytes durable before the name
     old = None
     if final.exists():   # the same step again (rare): move it aside, never delete it first
         old = root / f".old_step_{step:06d}_{os.getpid()}"
@@ -286,17 +288,20 @@ def _start_sharded(run_dir: Path, step: int, *, model, optimizer, scheduler, sta
             else:
                 dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDS))   # a collective
             faults.kill_point("KILL_IN_CHECKPOINT", step)   # test hook: die with the checkpoint half written
-            torch.save({"rng": rng_state(), **({"extra": extra, "world": world} if extra else {})},
-                       tmp / f"rng_rank{rank}.pt")
+            own = [tmp / f"rng_rank{rank}.pt"]
+            torch.save({"rng": rng_state(), **({"extra": extra, "world": world} if extra else {})}, own[0])
             if rank == 0:
-                torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None},
-                           tmp / "extra.pt")
-                (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
+                own += [tmp / "extra.pt", tmp / "state.json"]
+                torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None}, own[1])
+                own[2].write_text(json.dumps(state, indent=1, default=str))
+            # each rank makes its own files durable; DCP's FileSystemWriter (sync_files=True, the default)
+            # already fsynced every shard file and .metadata, so rank 0 does not read them all again
+            _fsync_files(own)
         except Exception as exc:  # noqa: BLE001 - reported on every rank by finish()
             err = f"{type(exc).__name__}: {exc}"
     if err is not None:
         wait = _failed(err)
-    return PendingCheckpoint(root, tmp, final, step, keep_last, wait, world=world, rank=rank)
+    return PendingCheckpoint(root, tmp, final, step, keep_last, wait, world=world, rank=rank, fsync_on_publish=False)
 
 
 def save_final_model(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], out: str | os.PathLike,
@@ -321,6 +326,13 @@ def save_final_model(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]
         cfg["dtype"] = "bfloat16"
         cfg_file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     return out
+
+
+def _fsync_files(paths: Any) -> None:
+    """fsync each file of ``paths`` (an OSError is the caller's checkpoint error)."""
+    for f in paths:
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
 
 
 def _fsync_dir(path: Path) -> None:
