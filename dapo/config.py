@@ -276,6 +276,8 @@ class LoggingConfig:
     experiment: str = doc("MLflow experiment name (sweeps use the sweep name)", "dapo-lab")
     sweep: str = doc("sweep name tag (set by the sweep launcher)", "")
     arm: str = doc("arm name tag (set by the sweep launcher)", "")
+    declaration: str = doc("the sweep's declaration record the run was started under (set by `dapo sweep submit`; "
+                           "MLflow tag dapo.declaration)", "")
     progress: bool = doc("show progress bars", True)
 
 

@@ -22,6 +22,7 @@ Config and calls :func:`dapo.train.train` (or ``accelerate launch -m dapo.train`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -598,8 +599,11 @@ def _make_job(spec: Spec, job: Job, profile: ClusterProfile) -> RunJob:
 
 
 def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "runs", *, dry_run: bool = False,
-           executor: str | None = None, log=print) -> dict[str, Any]:
+           executor: str | None = None, log=print, declare=None) -> dict[str, Any]:
     """Submit the sweep's unfinished runs; returns the submission record (``dry_run``: nothing submitted).
+
+    ``declare``: called with the spec once every check has passed and before any job is created; returns
+    the spec the jobs are made from (``dapo sweep submit`` writes the declaration record there).
 
     Slurm: one job array, returns at once. Local: runs the jobs here, seed-major (every arm's
     first seed, then every arm's second, ...), ``max_concurrent`` at a time, and returns when
@@ -644,6 +648,11 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
     if not todo:
         log("nothing to submit: every run is finished or still queued")
         return record
+    if declare is not None:
+        spec = declare(spec)
+        todo = [dataclasses.replace(j, config=dataclasses.replace(
+            j.config, logging=dataclasses.replace(j.config.logging, declaration=spec.declaration)))
+            for j in todo]
     _check_tracking(todo, profile)
     _init_tracking(todo, profile)
     folder = out / "sweeps" / spec.name / "submitit" / record["id"]

@@ -118,13 +118,40 @@ def cmd_expand(args) -> int:
     return 0
 
 
+def _first_look(spec: Spec, args) -> Spec:
+    """Under a declared stopping rule a plain submit runs the first look's seeds only; later looks come
+    from ``dapo sweep next-look`` (which adds seeds only where a comparison is still undecided)."""
+    if spec.stopping is None or getattr(args, "seeds", None):
+        return spec
+    n = spec.stopping.looks[0]
+    print(f"stopping rule: look 1 of {len(spec.stopping.looks)} runs seeds {list(spec.seeds[:n])}; "
+          f"`dapo sweep next-look {args.spec}` decides which comparisons need the next look's seeds",
+          file=sys.stderr)
+    spec = dataclasses.replace(spec, seeds=spec.seeds[:n])
+    if spec.family and not getattr(args, "arms", None):   # a declared family: only its arms are needed
+        spec = _only_arms(spec, ",".join(dict.fromkeys(a for pair in spec.family for a in pair)))
+    return spec
+
+
+def _declared(spec: Spec, args) -> Spec:
+    """Write (or reuse) the sweep's declaration record before any job starts; the jobs carry its id."""
+    from dapo.declaration import declarations_dir, declare
+    full = load_spec(args.spec, parse_overrides(args.set) if args.set else None)
+    record, new = declare(full, args.output)
+    where = declarations_dir(args.output, full.name) / f"{record['id']}.json"
+    print(f"{'declared' if new else 'declaration unchanged'}: {record['time']} ({record['id']}); {where}",
+          file=sys.stderr)
+    return dataclasses.replace(spec, declaration=record["id"])
+
+
 def cmd_submit(args) -> int:
     from dapo import launcher
-    spec = _spec(args)
+    spec = _first_look(_spec(args), args)
     check_sources_exist(spec)
     profile = load_profile(args.cluster)
     check_sweep(spec, profile, log=lambda m: print(m, file=sys.stderr))  # every arm fits the GPUs (dapo plan)
-    rec = launcher.submit(spec, profile, args.output, dry_run=args.dry_run, executor=args.executor)
+    rec = launcher.submit(spec, profile, args.output, dry_run=args.dry_run, executor=args.executor,
+                          declare=lambda s: _declared(s, args))
     if args.dry_run:
         print(f"dry run: {len(rec['jobs'])} job(s) would go to {profile.name} ({args.executor or profile.executor}); "
               f"{len(rec['skipped'])} skipped")

@@ -19,6 +19,10 @@ metric the analysis reads and the resources one job needs::
     family: [[grpo, dapo]]               # optional: the primary family, declared (pairs [off, on] of arm
                                          # names); default: every pair that isolates one technique + the
                                          # baseline vs DAPO (docs/STATISTICS.md)
+    stopping:                            # optional: a group-sequential design (docs/STATISTICS.md)
+      looks: [10, 14]                    # pairs per comparison at each look: the first n of `seeds`
+      spending: obrien_fleming           # obrien_fleming | pocock: how alpha is spent over the looks
+      alpha: 0.05                        # the family's error rate over all looks
     seeds: [0, 1, 2]
     metric: eval/aime24/avg_at_32        # primary eval metric of the analysis
     final_k: 3                           # final value = mean of the last final_k evaluations
@@ -76,7 +80,8 @@ MAX_SWEEP_JOBS = 1000
 """The most runs (arms x seeds) one spec may expand to: the paper's Table 1 is 18; a 10 000-point grid took
 minutes to expand and would never be run."""
 # Keys the launcher sets itself; a spec may not override them.
-RESERVED_KEYS = ("train.seed", "logging.sweep", "logging.arm", "logging.experiment", "output_dir")
+RESERVED_KEYS = ("train.seed", "logging.sweep", "logging.arm", "logging.experiment", "logging.declaration",
+                 "output_dir")
 
 
 # =========================================================================== the spec
@@ -103,6 +108,22 @@ class Resources:
     time_min: int = 60
 
 
+SPENDING = ("obrien_fleming", "pocock")
+"""Alpha-spending functions a ``stopping`` section may name (analysis.sequential implements them)."""
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """A declared stopping rule: test at ``looks`` pairs (the first n seeds), spending ``alpha`` over
+    the looks by ``spending`` (Lan-DeMets forms; analysis.sequential)."""
+    looks: tuple[int, ...]
+    spending: str = "obrien_fleming"
+    alpha: float = 0.05
+
+    def to_dict(self) -> dict:
+        return {"looks": list(self.looks), "spending": self.spending, "alpha": self.alpha}
+
+
 @dataclass(frozen=True)
 class Spec:
     """A validated sweep spec (see the module docstring for the file format)."""
@@ -127,6 +148,8 @@ class Spec:
     only_arms: tuple[str, ...] = ()   # from --arms: expand only these arms (empty: all); run ids do not depend on it
     margins: dict[str, float] = field(default_factory=dict)   # metric → TOST margin (shown unit), for the analysis
     family: tuple[tuple[str, str], ...] = ()   # the declared primary family, (off, on) arm names; () = the default
+    stopping: Stopping | None = None   # the declared looks and alpha spending; None = one fixed look (all seeds)
+    declaration: str = ""   # set by `dapo sweep submit`: the id of the declaration record its runs carry
 
 
 @dataclass(frozen=True)
@@ -149,7 +172,8 @@ class Job:
 
 _TOP_KEYS = {"name", "description", "base", "base_overrides", "kind", "techniques", "baseline", "full",
              "grid", "paper", "seeds", "metric", "final_k", "resources", "max_concurrent", "max_requeues",
-             "margins", "family"}
+             "margins", "family", "stopping"}
+_STOPPING_KEYS = {"looks", "spending", "alpha"}
 _TECH_KEYS = {"name", "label", "overrides", "paper"}
 
 
@@ -329,6 +353,7 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
             raise ConfigError(f"{where}: margins.{str(k)[:200]} = {show(v)}: an equivalence margin must be > 0")
         margins[check_text(k, "margins (metric name)", where)] = float(m)
     family = _family(raw.get("family"), where)
+    stopping = _stopping(raw.get("stopping"), len(seeds), where)
     resources = _resources(raw.get("resources"), where)
     spec = Spec(path=path, name=name, base=base, kind=kind, base_overrides=base_overrides,
                 techniques=techniques, baseline=baseline, full=full, grid=grid, paper=paper, seeds=seeds,
@@ -336,7 +361,7 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
                 max_concurrent=check_int(raw.get("max_concurrent", 1), "max_concurrent", where, lo=1),
                 max_requeues=check_int(raw.get("max_requeues", 3), "max_requeues", where, lo=0),
                 description=str(raw.get("description", "")), extra_overrides=dict(extra_overrides or {}),
-                margins=margins, family=family)
+                margins=margins, family=family, stopping=stopping)
     names = [a.name for a in arms(spec)]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
@@ -351,6 +376,34 @@ def load_spec(path: str | os.PathLike, extra_overrides: dict[str, Any] | None = 
         raise ConfigError(f"{where}: family: {unknown_family!r}: no such arm (arms: {', '.join(names)})")
     _check_arms(spec)
     return spec
+
+
+def _stopping(raw: Any, n_seeds: int, where: str) -> Stopping | None:
+    """The spec's ``stopping``: strictly increasing looks of at least 2 pairs, the last at most the
+    number of seeds; a known spending function; 0 < alpha < 1. Absent: None."""
+    if raw is None:
+        return None
+    raw = check_mapping(raw, "stopping", where)
+    unknown = set(raw) - _STOPPING_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: stopping.{sorted(map(str, unknown))[0]}: unknown key; allowed: "
+                          f"{', '.join(sorted(_STOPPING_KEYS))}")
+    looks = raw.get("looks")
+    if not isinstance(looks, list) or not looks:
+        raise ConfigError(f"{where}: stopping.looks = {show(looks)}: expected a list of pair counts, e.g. [10, 14]")
+    looks = tuple(check_int(n, f"stopping.looks[{i}]", where, lo=2) for i, n in enumerate(looks))
+    if any(b <= a for a, b in zip(looks, looks[1:])):
+        raise ConfigError(f"{where}: stopping.looks = {show(list(looks))}: looks must increase")
+    if looks[-1] > n_seeds:
+        raise ConfigError(f"{where}: stopping.looks = {show(list(looks))}: the last look needs {looks[-1]} seeds; "
+                          f"seeds lists {n_seeds}")
+    spending = raw.get("spending", "obrien_fleming")
+    if spending not in SPENDING:
+        raise ConfigError(f"{where}: stopping.spending = {show(spending)}: expected one of {', '.join(SPENDING)}")
+    alpha = check_number(raw.get("alpha", 0.05), "stopping.alpha", where)
+    if not 0 < alpha < 1:
+        raise ConfigError(f"{where}: stopping.alpha = {show(alpha)}: expected 0 < alpha < 1")
+    return Stopping(looks=looks, spending=spending, alpha=float(alpha))
 
 
 def _family(raw: Any, where: str) -> tuple[tuple[str, str], ...]:
@@ -435,7 +488,9 @@ def _arm_config(spec: Spec, base: dict, arm: Arm, seed: int, output: str) -> Con
     where = f"{spec.path}: arm {arm.name!r} (seed {seed})"
     data = apply_overrides(base, arm.overrides, where=where)
     data = apply_overrides(data, {"train.seed": seed, "logging.sweep": spec.name, "logging.arm": arm.name,
-                                  "logging.experiment": spec.name, "output_dir": output}, where=where)
+                                  "logging.experiment": spec.name, "output_dir": output,
+                                  **({"logging.declaration": spec.declaration} if spec.declaration else {})},
+                           where=where)
     return build_config(data, where)
 
 
@@ -521,5 +576,6 @@ def sweep_info(spec: Spec | str | os.PathLike) -> dict:
     return {"name": spec.name, "kind": spec.kind, "metric": spec.metric, "final_k": spec.final_k,
             **({"margins": dict(spec.margins)} if spec.margins else {}),
             **({"family": [list(p) for p in spec.family]} if spec.family else {}),
+            **({"stopping": spec.stopping.to_dict()} if spec.stopping else {}),
             "arms": [{"name": a.name, "label": a.label, "overrides": dict(a.overrides), "paper": a.paper}
                      for a in arms(spec)]}

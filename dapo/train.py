@@ -34,7 +34,7 @@ import torch
 
 from dapo import algo, corrections, eval_records, faults
 from dapo.base_model import resolve_policy_path
-from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_final_model
+from dapo.checkpoint import latest_checkpoint, load_latest, save_checkpoint, save_final_model
 from dapo.config import Config, config_hash, flatten, to_dict
 from dapo.distributed import (all_reduce_tensor_sum, barrier, broadcast_object, destroy_distributed,
                               final_state_dict, init_distributed, set_cpu_threads)
@@ -174,15 +174,16 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None,
                 before = float(loss_mask.sum())
                 loss_mask = loss_mask * algo.top_entropy_mask(ent, loss_mask, top_q)
                 selection = {StepStats.metric("entropy_kept_frac"): float(loss_mask.sum()) / max(before, 1.0)}
-        # 5b. the behaviour policy: mismatch π_old vs π_rollout, and its correction (per-token Â·w, rejections)
-        adv, loss_mask, mismatch = _behaviour(cfg, old_lp, rollout_lp, resp_mask, adv, loss_mask)
-        mismatch.update(_advantage_stats(adv, loss_mask))
+        # 5b. the behaviour policy: mismatch π_old vs π_rollout, and its correction (per-token loss weights w
+        #     [N, L] or None, rejections out of the loss mask)
+        weight, loss_mask, mismatch = _behaviour(cfg, old_lp, rollout_lp, resp_mask, loss_mask)
+        mismatch.update(_advantage_stats(adv, loss_mask, weight))
         with timer("old_logprob"):
             mismatch.update(_lag_split(run, batch, old_lp, rollout_lp, resp_mask, r))   # staleness: kernel / lag
         # 6. μ optimizer steps (mini-batches × ppo_epochs), micro-batch accumulation: [μ] StepStats
         own_lp = _own_logp_buffer(cfg, old_lp, rollout_lp, resp_mask)
         with timer("train"):
-            steps = _update(run, batch, old_lp, adv, loss_mask, r, own_logp=own_lp)
+            steps = _update(run, batch, old_lp, adv, loss_mask, r, own_logp=own_lp, token_weight=weight)
         if own_lp is not None:   # one optimizer step, no π_old pass: π_old is the update's own first forward
             own_lp = all_reduce_tensor_sum(own_lp, policy.world)
             mismatch.update(corrections.mismatch_metrics(own_lp, rollout_lp, resp_mask))
@@ -278,9 +279,11 @@ def _lag_split(run: Run, batch, old_lp, rollout_lp, resp_mask, r: int) -> dict[s
     return split_mismatch(corrections.mismatch_metrics, old_lp, lag_lp, rollout_lp, resp_mask)
 
 
-def _advantage_stats(adv: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:
-    """``rollout/adv_abs_mean`` (mean |Â|) and ``rollout/adv_zero_frac`` (Â = 0) over the loss tokens."""
+def _advantage_stats(adv: torch.Tensor, loss_mask: torch.Tensor, weight: torch.Tensor | None = None) -> dict[str, float]:
+    """``rollout/adv_abs_mean`` (mean |Â|, Â·w with a correction's weights [N, L]) and ``rollout/adv_zero_frac``
+    (Â·w = 0) over the loss tokens."""
     a = (adv[:, None] if adv.dim() == 1 else adv).expand_as(loss_mask)
+    a = a if weight is None else a * weight
     n = float(loss_mask.sum())
     if n == 0:
         return {}
@@ -295,20 +298,21 @@ def _need_rollout_lp(rollout_lp):
     return rollout_lp
 
 
-def _behaviour(cfg: Config, old_lp, rollout_lp, resp_mask, adv, loss_mask):
+def _behaviour(cfg: Config, old_lp, rollout_lp, resp_mask, loss_mask):
     """Step 5b (dapo.corrections): ``mismatch/*`` of π_old vs π_rollout where both exist (not under bypass,
-    where they are one), and ``algo.rollout_correction``: (advantages [N] or [N, L], loss mask [N, L], metrics)."""
+    where they are one), and ``algo.rollout_correction``: (per-token loss weights [N, L] or None, loss mask
+    [N, L], metrics)."""
     rc = cfg.algo.rollout_correction
     if rc.mode != "none":
         _need_rollout_lp(rollout_lp)
     if old_lp is None or rollout_lp is None or cfg.algo.old_logprobs == "rollout":
-        return adv, loss_mask, {}
+        return None, loss_mask, {}
     if rc.mode == "none":
-        return adv, loss_mask, corrections.mismatch_metrics(old_lp, rollout_lp, resp_mask)
+        return None, loss_mask, corrections.mismatch_metrics(old_lp, rollout_lp, resp_mask)
     w, keep = corrections.correction(old_lp, rollout_lp, resp_mask, rc.mode, level=rc.level, cap=rc.cap,
                                      lo=rc.lo, hi=rc.hi)
-    adv, loss_mask = corrections.apply(adv, loss_mask, w, keep)
-    return adv, loss_mask, corrections.mismatch_metrics(old_lp, rollout_lp, resp_mask, w, keep)
+    weight, loss_mask = corrections.apply(loss_mask, w, keep)
+    return weight, loss_mask, corrections.mismatch_metrics(old_lp, rollout_lp, resp_mask, w, keep)
 
 
 def _own_logp_buffer(cfg: Config, old_lp, rollout_lp, resp_mask) -> torch.Tensor | None:
@@ -319,12 +323,14 @@ def _own_logp_buffer(cfg: Config, old_lp, rollout_lp, resp_mask) -> torch.Tensor
     return torch.zeros(resp_mask.shape, dtype=torch.float32)
 
 
-def _update(run: Run, batch, old_lp, adv, loss_mask, r: int, own_logp: torch.Tensor | None = None):
+def _update(run: Run, batch, old_lp, adv, loss_mask, r: int, own_logp: torch.Tensor | None = None,
+            token_weight: torch.Tensor | None = None):
     """Step 6 with its fault hooks; ``train.nonfinite=stop`` ends the MLflow run with the reason."""
     try:
         with faults.during_update(run.policy.model, run.policy.optimizer, r):   # test hooks; inert otherwise
             return update_policy(run.policy, batch, old_lp, adv, loss_mask, run.cfg,
-                                 shuffle_seed=round_seed(run.cfg.train.seed, r, 0, salt=7), own_logp=own_logp)
+                                 shuffle_seed=round_seed(run.cfg.train.seed, r, 0, salt=7), own_logp=own_logp,
+                                 token_weight=token_weight)
     except NonFiniteError as exc:
         if run.is_main:
             run.tracker.set_tags({"dapo.status": "failed", "dapo.error": f"rollout step {r}: {exc}"})
@@ -453,13 +459,18 @@ def _new_engine(run: Run):
     return engine
 
 
+RESUME_KEYS = ("rollout_step", "grad_step", "sampler")   # what a checkpoint's state.json must hold to resume
+
+
 def _resume(run_dir: Path, policy: Policy, sampler, log) -> dict[str, Any]:
     """The loop state of the last checkpoint (weights, optimizer, scheduler and sampler restored), or a fresh one."""
     state = {"rollout_step": 0, "grad_step": 0, "mlflow_run_id": None, "pending": [], "wall_s": 0.0,
              "gen_tokens": 0, "trained_tokens": 0}
-    ckpt = latest_checkpoint(run_dir)
+    # the newest intact checkpoint: a damaged newer one is moved aside with one line (dapo.checkpoint.load_latest)
+    ckpt, loaded = load_latest(run_dir, model=policy.module, optimizer=policy.optimizer, scheduler=policy.scheduler,
+                               required=RESUME_KEYS, log=log)
     if ckpt is not None:
-        state = load_checkpoint(ckpt, model=policy.module, optimizer=policy.optimizer, scheduler=policy.scheduler)
+        state = loaded
         sampler.load_state_dict(state["sampler"])
         log(f"resuming from {ckpt} (rollout step {state['rollout_step']}, grad step {state['grad_step']})")
     return state
@@ -483,6 +494,7 @@ def _start_tracking(cfg: Config, run_dir: Path, state: dict, is_main: bool, tags
                           "dapo.seed": cfg.train.seed, "dapo.run_id": run_dir.name,
                           "dapo.config_hash": config_hash(cfg), "dapo.git_commit": git_commit(),
                           "dapo.status": "running", "dapo.run_dir": str(run_dir.resolve()),
+                          **({"dapo.declaration": cfg.logging.declaration} if cfg.logging.declaration else {}),
                           **environment_tags(), **tags})
         tracker.log_params(flatten(to_dict(cfg)))
         tracker.log_artifact(run_dir / "config.yaml")
