@@ -393,6 +393,7 @@ def policy_loss(
     options: Optional[dict] = None,
     group_tokens: Optional[Tensor] = None,
     num_groups: Optional[Count] = None,
+    token_weight: Optional[Tensor] = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The policy loss `kind` (`POLICY_LOSSES`) per token, then `aggregate`d to a scalar.
 
@@ -405,6 +406,10 @@ def policy_loss(
     ratio (`ppo_clip`, `clip_cov`); every variant's own keys come in `options` (`gspo`: eps_low,
     eps_high; `cispo`: eps_low, eps_high; `clip_cov`: ratio, lb, ub, generator; `kl_cov`: ratio, coef).
     old_logp and advantages are detached here; only logp receives gradient.
+    token_weight: [N, L] ≥ 0 or None, detached: a rollout correction's importance weight w
+    (`dapo.corrections`). It multiplies the whole per-token loss, ℓ := w·ℓ(Â), after the variant chose
+    its tokens from the unweighted Â (Clip-Cov and KL-Cov select by Cov(Â, logπ), and KL-Cov's penalty
+    is weighted too); the token counts of the aggregation do not change.
     The scalar goes through `aggregate(ℓ, mask, agg, num_tokens, num_seqs, norm_const=..., group_tokens=...,
     num_groups=...)`.
 
@@ -442,6 +447,8 @@ def policy_loss(
     if kind in _USES_PPO_CLIP:
         kw.update(eps_low=eps_low, eps_high=eps_high, dual_clip_c=dual_clip_c)
     loss_tok, extra = fn(logp, old_logp, adv, mask, **kw)  # [N, L]
+    if token_weight is not None:
+        loss_tok = loss_tok * token_weight.detach().to(loss_tok.dtype)  # [N, L], w·ℓ(Â)
     loss = aggregate(loss_tok, mask, agg, num_tokens, num_seqs, norm_const=norm_const, group_tokens=group_tokens,
                      num_groups=num_groups)
 

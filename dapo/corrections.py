@@ -22,9 +22,12 @@ the token's loss, a token with keep 0 leaves the loss's numerator and its token 
 - ``geo_rs``: geometric-mean rejection sampling: ρ_geo,i = exp(mean_t log ρ_t); a sequence outside
   [lo, hi] is rejected (length-invariant, unlike Π ρ); weight 1.
 
-Since every weight is ≥ 0, w·ℓ(Â) = ℓ(w·Â) for the clipped surrogate (min(w·a, w·b) = w·min(a, b)),
-so the update applies a weight by scaling the token's advantage (:func:`apply`), and any loss that
-takes per-token advantages receives it the same way.
+The weight multiplies the whole per-token loss, w·ℓ(Â) (:func:`apply` hands it to the update, which
+passes it to :func:`dapo.algo.policy_loss` as ``token_weight``), for every ``algo.policy_loss``. Folding
+it into the advantage instead, ℓ(w·Â), is the same only where ℓ is positively homogeneous in Â: the
+clipped surrogate (min(w·a, w·b) = w·min(a, b) for w ≥ 0), GSPO and CISPO. It is not for Clip-Cov and
+KL-Cov: they choose their tokens by Cov(Â, logπ), which w·Â would change, and KL-Cov's penalty
+coef·|logπ − logπ_old| does not carry Â at all.
 """
 
 from __future__ import annotations
@@ -96,12 +99,11 @@ def correction(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, mode: str, 
     return CORRECTIONS[mode](_log_rho(old_logp.float(), rollout_logp.float(), mask), mask, level, cap, lo, hi)
 
 
-def apply(advantages: Tensor, loss_mask: Tensor, weight: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
-    """(per-token advantages [N, L] = Â·w, loss mask [N, L] × keep): the weights reach the loss through
-    the advantages (w ≥ 0), the rejections through the mask (out of numerator and token count).
-    advantages: [N] or [N, L]."""
-    adv = advantages[:, None] if advantages.dim() == 1 else advantages
-    return adv * weight, loss_mask * keep
+def apply(loss_mask: Tensor, weight: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
+    """(per-token loss weight [N, L] = w, loss mask [N, L] × keep): the weights multiply each token's loss
+    (``token_weight`` of :func:`dapo.algo.policy_loss`; the advantages stay Â), the rejections leave the
+    loss through the mask (out of numerator and token count). loss_mask, weight, keep: [N, L]."""
+    return weight * keep, loss_mask * keep
 
 
 LENGTH_BUCKETS = (16, 64, 256, 1024, 4096)

@@ -178,7 +178,8 @@ def old_policy_metrics(old_logp: torch.Tensor, entropy: torch.Tensor, resp_mask:
 # =========================================================================== the update
 def update_policy(policy: Policy, batch, old_logp: torch.Tensor | None, advantages: torch.Tensor,
                   loss_mask: torch.Tensor, cfg: Config, shuffle_seed: int = 0,
-                  own_logp: torch.Tensor | None = None) -> list[StepStats]:
+                  own_logp: torch.Tensor | None = None,
+                  token_weight: torch.Tensor | None = None) -> list[StepStats]:
     """Several optimizer steps over one rollout batch; returns one StepStats per step.
 
     old_logp, loss_mask: [N, L]; advantages: [N]. Groups are split into mini-batches of
@@ -194,6 +195,8 @@ def update_policy(policy: Policy, batch, old_logp: torch.Tensor | None, advantag
     ``entropy`` and ``token_prob_mean`` over the response tokens. ``own_logp`` ([N, L], zeros; only with
     ``old_logp=None``): this rank's rows of that forward are written into it (the others stay 0), so
     the caller can compare π_old with π_rollout after the update (`dapo.train`, mismatch metrics).
+    ``token_weight`` ([N, L] or None): a rollout correction's weights, multiplying each token's loss
+    (`dapo.corrections.apply`).
     """
     G, Bk, mbp = cfg.rollout.n, batch.num_groups, cfg.train.mini_batch_prompts
     gen = torch.Generator().manual_seed(shuffle_seed)
@@ -203,7 +206,8 @@ def update_policy(policy: Policy, batch, old_logp: torch.Tensor | None, advantag
         order = torch.randperm(Bk, generator=gen).tolist()
         for s in range(0, Bk, mbp):
             seqs = [b * G + g for b in order[s:s + mbp] for g in range(G)]            # global indices
-            out.append(_optimizer_step(policy, batch, seqs, old_logp, advantages, loss_mask, cfg, pick, own_logp))
+            out.append(_optimizer_step(policy, batch, seqs, old_logp, advantages, loss_mask, cfg, pick, own_logp,
+                                       token_weight))
     return out
 
 
@@ -226,7 +230,8 @@ def group_counts(loss_mask: torch.Tensor, seqs: list[int], G: int) -> dict[str, 
 
 
 def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, loss_mask, cfg: Config,
-                    pick: Optional[torch.Generator] = None, own_logp: Optional[torch.Tensor] = None) -> StepStats:
+                    pick: Optional[torch.Generator] = None, own_logp: Optional[torch.Tensor] = None,
+                    token_weight: Optional[torch.Tensor] = None) -> StepStats:
     """One mini-batch (sequences ``seqs``, all ranks together) → gradient accumulation → clip → AdamW."""
     num_tokens = float(loss_mask[seqs].sum().item())                                   # whole mini-batch
     num_seqs = float((loss_mask[seqs].sum(-1) > 0).sum().item())                      # filtered rows excluded
@@ -238,7 +243,7 @@ def _optimizer_step(p: Policy, batch, seqs: list[int], old_logp, advantages, los
             _filler_step(p)
             continue
         totals = _micro_step(p, batch, idx, old_logp, advantages, loss_mask, cfg, num_tokens, num_seqs,
-                             groups=groups, pick=pick, own_logp=own_logp)
+                             groups=groups, pick=pick, own_logp=own_logp, token_weight=token_weight)
         for k, v in totals.items():
             sums[k] = max(sums[k], v) if k in MAX_KEYS else sums[k] + v
     sums = _all_reduce_totals(dict(sums), p.world)
@@ -269,7 +274,8 @@ def _filler_step(p: Policy) -> None:
 
 def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mask, cfg: Config,
                 num_tokens: float, num_seqs: float, groups: Optional[dict] = None,
-                pick: Optional[torch.Generator] = None, own_logp: Optional[torch.Tensor] = None) -> dict[str, float]:
+                pick: Optional[torch.Generator] = None, own_logp: Optional[torch.Tensor] = None,
+                token_weight: Optional[torch.Tensor] = None) -> dict[str, float]:
     """Forward + backward of sequences ``idx``; returns their totals (keys in SUM_KEYS, MAX_KEYS).
     ``groups``: :func:`group_counts` of the mini-batch (``group_token_mean``); ``pick``: Clip-Cov's draws;
     ``own_logp``: with ``old_logp=None``, receives this forward's log-probs in rows ``idx`` (:func:`update_policy`)."""
@@ -287,11 +293,12 @@ def _micro_step(p: Policy, batch, idx: list[int], old_logp, advantages, loss_mas
                                           norm_const=cfg.rollout.max_new_tokens)   # C of seq_mean_token_sum_const
     if groups is not None:                                                             # group_token_mean: T_g, K
         counts.update(group_tokens=groups["group_tokens"][idx].to(p.device), num_groups=groups["num_groups"])
-    adv = advantages[idx].to(p.device)                                                # [n] or [n, L] (a correction's Â·w)
+    adv = advantages[idx].to(p.device)                                                # [n] or [n, L]
     adv = adv[:, :l] if adv.dim() == 2 else adv
+    w = None if token_weight is None else token_weight[idx, :l].to(p.device)          # [n, l] a correction's w
     loss, met = algo.policy_loss(logp, old, adv, m, eps_low=cfg.algo.clip.eps_low,
                                  eps_high=cfg.algo.clip.eps_high, dual_clip_c=cfg.algo.clip.dual_clip_c,
-                                 agg=agg, **counts, **loss_options(cfg, pick))
+                                 agg=agg, **counts, **loss_options(cfg, pick), token_weight=w)
     if cfg.algo.clip.dual_clip_c is None:
         met.pop("dual_clip_frac", None)        # logged only when the dual clip is on
     if cfg.algo.kl.coef > 0 and p.ref_model is not None:

@@ -49,21 +49,99 @@ def test_icepop_and_geometric_rejection():
         correction(OLD, ROLL, MASK, "nope")
 
 
-def test_weights_are_detached_and_reach_the_loss_through_the_advantages():
+def test_weights_are_detached_and_reach_the_loss_as_token_weights():
     old = OLD.clone().requires_grad_(True)
     w, keep = correction(old, ROLL, MASK, "tis", cap=2.0)
     assert not w.requires_grad and not keep.requires_grad
-    adv, lm = apply(torch.tensor([1.0, -2.0]), MASK, w, keep)
-    assert torch.allclose(adv, torch.tensor([[1.5, 0.25, 1.0], [-4.0, -2.2, 0.0]]), atol=1e-6)
+    tw, lm = apply(MASK, w, keep)
+    assert torch.allclose(tw, torch.tensor([[1.5, 0.25, 1.0], [2.0, 1.1, 0.0]]), atol=1e-6)
     assert torch.equal(lm, MASK)
-    # w·l(A) == l(w·A) for the clipped surrogate (w >= 0), what makes the advantage route exact
+    w, keep = correction(OLD, ROLL, MASK, "mis", lo=0.5, hi=2.0)
+    tw, lm = apply(MASK, w, keep)
+    assert torch.equal(lm, keep) and torch.equal(tw, w)          # rejected: out of the mask, weight 0
+
+
+# ------------------------------------------------------------------ the weight × every policy loss
+def _ref_covariance(a, lp, m):
+    """Cov_t = (Â_t − mean Â)(logπ_t − mean logπ), means over the loss tokens; python loops, float64."""
+    toks = [(i, t) for i in range(m.shape[0]) for t in range(m.shape[1]) if m[i, t]]
+    ma = sum(float(a[i, t]) for i, t in toks) / len(toks)
+    ml = sum(float(lp[i, t]) for i, t in toks) / len(toks)
+    return {(i, t): (float(a[i, t]) - ma) * (float(lp[i, t]) - ml) for i, t in toks}
+
+
+def _ref_weighted_loss(kind, logp, old, adv, m, w, opt):
+    """The reference: ℓ_t(Â) chosen on the unweighted Â (Clip-Cov / KL-Cov select by Cov(Â, logπ)),
+    the whole per-token loss times w_t, token mean. logp [N, L] with grad; the rest detached."""
+    r = (logp - old).exp()
+    cov = _ref_covariance(adv, logp.detach(), m)
+    total = logp.new_zeros(())
+    if kind == "clip_cov":   # ratio large enough that every candidate is cut: no random draw
+        rd = r.detach()
+        clipped = {k for k in cov if float(rd[k] * adv[k]) > float(rd[k].clamp(0.8, 1.28) * adv[k])}
+        cut = {k for k, c in cov.items() if opt["lb"] < c < opt["ub"] and k not in clipped}
+    if kind == "kl_cov":
+        n_sel = max(1, math.floor(opt["ratio"] * len(cov)))
+        pen = set(sorted(cov, key=lambda k: -cov[k])[:n_sel])
+    for k in cov:
+        if kind == "clip_cov":
+            tok = 0.0 * logp[k] if k in cut else -torch.minimum(r[k] * adv[k], r[k].clamp(0.8, 1.28) * adv[k])
+        else:
+            tok = -adv[k] * r[k] + (opt["coef"] * (logp[k] - old[k]).abs() if k in pen else 0.0)
+        total = total + w[k] * tok
+    return total / len(cov)
+
+
+@pytest.mark.parametrize("kind,opt", [("clip_cov", {"ratio": 1.0, "lb": -0.05, "ub": 5.0}),
+                                      ("kl_cov", {"ratio": 0.2, "coef": 1.0})])
+@pytest.mark.parametrize("mode", ["tis", "mis"])
+def test_a_correction_weights_the_whole_token_loss_of_clip_cov_and_kl_cov(kind, opt, mode):
+    """Issue 38, defect 1: with the weight folded into the advantage (Â·w), Clip-Cov and KL-Cov chose their
+    tokens by Cov(Â·w, logπ) and KL-Cov's penalty went unweighted. The route the trainer takes (correction →
+    apply → policy_loss's token_weight) must equal the slow reference: w × the whole per-token loss."""
     from dapo import algo
-    logp = (ROLL + torch.tensor([[0.3, -0.4, 0.05], [0.2, 0.0, 0.0]])).requires_grad_(True)
-    l_w, _ = algo.policy_loss(logp, ROLL, adv, MASK, eps_low=0.2, eps_high=0.28, agg="token_mean", num_tokens=5)
-    r = (logp - ROLL).exp()
-    a = torch.tensor([[1.0] * 3, [-2.0] * 3])
-    tok = -torch.minimum(r * a, r.clamp(0.8, 1.28) * a) * w
-    assert float(l_w) == pytest.approx(float((tok * MASK).sum() / 5), abs=1e-6)
+    g = torch.Generator().manual_seed(3)
+    n, l = 8, 12
+    m = (torch.arange(l)[None, :] < torch.randint(4, l + 1, (n, 1), generator=g)).float()
+    roll = -torch.rand(n, l, generator=g) * 3
+    old = roll + torch.randn(n, l, generator=g) * 0.6                 # |log ρ| up to ~2
+    logp = (old + torch.randn(n, l, generator=g) * 0.3).requires_grad_(True)
+    adv = torch.randn(n, generator=g)[:, None].expand(n, l).contiguous()
+    w, keep = correction(old, roll, m, mode, cap=2.0, lo=0.3, hi=3.0)
+    tw, lm = apply(m, w, keep)
+    got, met = algo.policy_loss(logp, old, adv, lm, eps_low=0.2, eps_high=0.28, agg="token_mean", kind=kind,
+                                options=dict(opt), token_weight=tw)
+    (g_got,) = torch.autograd.grad(got, logp)
+    lp64 = logp.detach().double().requires_grad_(True)
+    ref = _ref_weighted_loss(kind, lp64, old.double(), adv.double(), lm.bool(), tw.double(), opt)
+    (g_ref,) = torch.autograd.grad(ref, lp64)
+    assert met["cov_selected_frac"] > 0
+    assert float(got) == pytest.approx(float(ref), rel=1e-5, abs=1e-7)
+    assert torch.allclose(g_got.double(), g_ref, atol=1e-7, rtol=1e-5)
+    # the old route, ℓ(Â·w), is not this loss (what the test is for)
+    folded, _ = algo.policy_loss(logp, old, adv * tw, lm, eps_low=0.2, eps_high=0.28, agg="token_mean", kind=kind,
+                                 options=dict(opt))
+    (g_folded,) = torch.autograd.grad(folded, logp)
+    assert not torch.allclose(g_folded.double(), g_ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["ppo_clip", "gspo", "cispo"])
+def test_for_the_homogeneous_losses_weighting_the_loss_is_weighting_the_advantage(kind):
+    """w·ℓ(Â) = ℓ(w·Â) for w ≥ 0 where ℓ is positively homogeneous in Â (the module docstring's claim)."""
+    from dapo import algo
+    g = torch.Generator().manual_seed(5)
+    n, l = 6, 9
+    m = (torch.arange(l)[None, :] < torch.randint(2, l + 1, (n, 1), generator=g)).float()
+    old = -torch.rand(n, l, generator=g) * 3
+    logp = (old + torch.randn(n, l, generator=g) * 0.4).requires_grad_(True)
+    adv = torch.randn(n, generator=g)[:, None].expand(n, l)
+    w = torch.rand(n, l, generator=g) * 2 * m
+    kw = dict(eps_low=0.2, eps_high=0.28, dual_clip_c=3.0 if kind == "ppo_clip" else None, agg="token_mean", kind=kind,
+              options={} if kind == "ppo_clip" else {"eps_low": 0.2, "eps_high": 0.28})
+    a, _ = algo.policy_loss(logp, old, adv, m, token_weight=w, **kw)
+    b, _ = algo.policy_loss(logp, old, adv * w, m, **kw)
+    ga, gb = (torch.autograd.grad(x, logp)[0] for x in (a, b))
+    assert float(a) == pytest.approx(float(b), rel=1e-5, abs=1e-7) and torch.allclose(ga, gb, atol=1e-7)
 
 
 def test_mismatch_metrics_by_hand():
@@ -159,3 +237,30 @@ def test_a_run_with_a_correction_logs_the_mismatch_and_bypass_runs(tmp_path):
             assert "train/entropy" in metrics                        # the mode ran: no separate pi_old pass
         else:
             assert not any(k.startswith("mismatch/") for k in metrics)   # one policy: nothing to compare
+
+
+def test_the_update_passes_each_micro_batch_its_rows_of_the_weights():
+    """update_policy(token_weight=w) slices w as it slices the batch: for the clipped surrogate it must move
+    the model exactly as the advantage route ℓ(Â·w) does, over shuffled mini-batches and micro-batches."""
+    from dapo import algo
+    from dapo.logprobs import old_logprobs
+    from dapo.update import Policy, update_policy
+    from tests.test_train import _cfg, _random_batch, _tiny_policy
+    cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 2, "train.micro_batch_seqs": 4,
+                  "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false"})
+    batch = _random_batch()
+    models = []
+    for folded in (False, True):
+        model = _tiny_policy(0)
+        old, _, mask = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
+        w = (torch.rand(mask.shape, generator=torch.Generator().manual_seed(1)) * 2 + 0.1) * mask
+        adv = algo.group_advantages(batch.rewards).reshape(-1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        p = Policy(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), torch.device("cpu"))
+        if folded:
+            update_policy(p, batch, old - 0.1, adv[:, None] * w, mask, cfg)
+        else:
+            update_policy(p, batch, old - 0.1, adv, mask, cfg, token_weight=w)
+        models.append(model)
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
