@@ -230,21 +230,41 @@ class RunJob(submitit.helpers.Checkpointable):
         return super().checkpoint(*args, **kwargs)
 
     def _let_the_ranks_checkpoint(self) -> None:
-        """Several processes: before the requeue (which ends every process of the job), pass USR2 to the
-        ranks (``accelerate launch``'s process group) and wait, at most ``signal_delay_s`` - 30 s, for them
-        to write their checkpoint at the end of the rollout step and exit (``dapo.preemption``)."""
+        """Several processes: before the requeue (which ends every process of the job), and only with
+        ``checkpoint.on_preempt: step_boundary``, pass USR2 to the ranks and wait, at most
+        ``signal_delay_s`` - 30 s, for them to write their checkpoint at the end of the rollout step and exit
+        (``dapo.preemption``). With ``immediate`` (the default) the ranks have no handler: requeue at once.
+
+        The ranks are found by what they are, not by process group: torchrun's agent (``accelerate
+        launch``) starts each worker in a session of its own, so a signal to the launcher's group never
+        reached them. Every process under the launcher that catches USR2 (``/proc/<pid>/status``
+        ``SigCgt``: the ranks' :class:`~dapo.preemption.StepBoundarySignal`) gets it; the launcher and the
+        agent ignore it. No such process (the ranks are still starting): requeue at once."""
         proc, self._proc = getattr(self, "_proc", None), None     # a Popen does not pickle (the requeue does)
         if proc is None:
             return
         try:
             if os.waitpid(proc.pid, os.WNOHANG)[0] != 0:
                 return                                             # already gone
-            os.killpg(proc.pid, signal.SIGUSR2)
-        except (ChildProcessError, ProcessLookupError):
+        except ChildProcessError:
             return
+        mode = ((getattr(self, "config", None) or {}).get("checkpoint") or {}).get("on_preempt", "immediate")
+        if mode != "step_boundary":
+            print("[dapo] USR2: checkpoint.on_preempt = immediate: requeue now (the run resumes from its last "
+                  "periodic checkpoint)", flush=True)
+            return
+        ranks = [p for p in process_tree(proc.pid) if catches_signal(p, signal.SIGUSR2)]
+        if not ranks:
+            print("[dapo] USR2: no rank listens for it yet (still starting): requeue now", flush=True)
+            return
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGUSR2)
+            except ProcessLookupError:
+                pass
         wait_s = max(0.0, getattr(self, "signal_delay_s", 120) - 30.0)
-        print(f"[dapo] USR2: the ranks checkpoint at the end of their rollout step; waiting up to {wait_s:.0f} s "
-              f"before the requeue", flush=True)
+        print(f"[dapo] USR2 passed to {len(ranks)} rank(s): they checkpoint at the end of their rollout step; "
+              f"waiting up to {wait_s:.0f} s before the requeue", flush=True)
         end = time.monotonic() + wait_s
         while time.monotonic() < end:
             try:                        # os.waitpid, not proc.poll(): the interrupted main thread may hold
@@ -385,6 +405,41 @@ def _sacct(job_ids: list[str]) -> dict[str, str] | None:
     from submitit.slurm.slurm import SlurmInfoWatcher
     info = SlurmInfoWatcher().read_info(out)
     return {k: (v.get("State") or "UNKNOWN").split()[0] for k, v in info.items()}
+
+
+def _proc_children() -> dict[int, list[int]]:
+    """parent pid → its child pids, from one pass over ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    return children
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (by parent pid, whatever their session or process group),
+    parents before children; [] when ``pid`` is gone."""
+    if not Path(f"/proc/{int(pid)}").is_dir():
+        return []
+    children, out, todo = _proc_children(), [], [int(pid)]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def catches_signal(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``signum`` (its ``SigCgt`` mask)."""
+    try:
+        line = next(l for l in Path(f"/proc/{int(pid)}/status").read_text().splitlines() if l.startswith("SigCgt:"))
+        return bool(int(line.split()[1], 16) >> (int(signum) - 1) & 1)
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
 
 
 def _local_alive(pid: str | None, needle: str = "submitit") -> bool:

@@ -62,3 +62,87 @@ def test_a_sharded_checkpoint_fsyncs_each_file_once_dcp_its_shards_each_rank_its
             rel = p[len(tmp_prefix):].split("/", 1)[1].replace(".metadata.tmp", ".metadata")   # DCP renames it
             per_file[rel] = per_file.get(rel, 0) + 1
     assert per_file == {f: 1 for f in files}, per_file
+
+
+# =========================================================================== preemption reaches torchrun's ranks
+_TORCHRUN_RANK = """
+import datetime, os, pathlib, sys, time
+import torch.distributed as dist
+from dapo.preemption import StepBoundarySignal
+out, rank, world = pathlib.Path(sys.argv[1]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+sig = StepBoundarySignal().install()
+try:
+    for r in range(1, 2000):
+        (out / f"step{rank}").write_text(str(r))
+        time.sleep(0.2)                                  # a rollout step
+        if sig.pending(world):                           # an all-reduce: every rank stops at the same step
+            (out / f"checkpoint{rank}").write_text(str(r))
+            sig.hand_over()
+except SystemExit as e:
+    (out / f"exit{rank}").write_text(str(e.code))
+    raise
+"""
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(cond, timeout_s: float, what: str) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_usr2_reaches_the_ranks_that_torchrun_starts_in_sessions_of_their_own(tmp_path):
+    """A real `torchrun` (what `accelerate launch` runs) with 2 gloo ranks, started as run_launcher starts it
+    (a session of its own, USR2 ignored). Its agent puts every worker in a new session, so the old
+    `os.killpg(launcher, USR2)` never reached them and the job waited signal_delay_s - 30 s for nothing.
+    on_preempt immediate: RunJob.checkpoint requeues at once and leaves the ranks alone (the requeue ends them);
+    step_boundary: every rank gets USR2, they stop at the same step, checkpoint, exit 75, and the wait ends."""
+    from dapo import launcher
+    from dapo.preemption import PREEMPTED_EXIT
+    script = tmp_path / "rank.py"
+    script.write_text(_TORCHRUN_RANK)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), str(script), str(tmp_path)]
+    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=launcher._ignore_usr2, env=env,
+                            stdout=subprocess.DEVNULL, stderr=(tmp_path / "torchrun.log").open("w"))
+    try:
+        _wait_for(lambda: (tmp_path / "step0").exists() and (tmp_path / "step1").exists(), 90, "both ranks' first step")
+        ranks = [p for p in launcher.process_tree(proc.pid) if launcher.catches_signal(p, signal.SIGUSR2)]
+        assert len(ranks) == 2 and all(os.getsid(p) not in (proc.pid, os.getsid(0)) for p in ranks)  # own sessions
+        assert not launcher.catches_signal(proc.pid, signal.SIGUSR2)        # the agent ignores it
+
+        immediate = launcher.RunJob({"checkpoint": {"on_preempt": "immediate"}}, str(tmp_path), max_requeues=1,
+                                    signal_delay_s=60)
+        immediate._proc = proc
+        t = time.monotonic()
+        immediate._let_the_ranks_checkpoint()
+        assert time.monotonic() - t < 5 and immediate._proc is None         # not the 30 s wait
+        assert not list(tmp_path.glob("checkpoint*")) and proc.poll() is None   # the ranks were left alone
+
+        boundary = launcher.RunJob({"checkpoint": {"on_preempt": "step_boundary"}}, str(tmp_path), max_requeues=1,
+                                   signal_delay_s=60)
+        boundary._proc = proc
+        t = time.monotonic()
+        boundary._let_the_ranks_checkpoint()
+        waited = time.monotonic() - t
+        assert [(tmp_path / f"exit{r}").read_text() for r in (0, 1)] == [str(PREEMPTED_EXIT)] * 2
+        assert (tmp_path / "checkpoint0").read_text() == (tmp_path / "checkpoint1").read_text()   # the same step
+        assert waited < 25, waited                                          # back when torchrun ended, not at 30 s
+    finally:
+        for p in reversed(launcher.process_tree(proc.pid)):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(30)

@@ -293,13 +293,15 @@ except SystemExit as e:
 
 
 def test_a_multi_process_job_passes_usr2_to_its_ranks_and_waits_for_their_checkpoint(tmp_path):
-    """RunJob.checkpoint (submitit's USR2 handler) in a job that started `accelerate launch`: the launcher's
-    process group gets USR2 (accelerate itself ignores it), the rank finishes its step, checkpoints, exits 75,
+    """RunJob.checkpoint (submitit's USR2 handler) in a job that started `accelerate launch`, with
+    checkpoint.on_preempt step_boundary: the process under it that catches USR2 (the rank; accelerate itself
+    ignores it) gets it, finishes its step, checkpoints, exits 75,
     and only then does the requeue go ahead (here: well before the 90 s the profile's delay would allow)."""
     import time
     from dapo import launcher
     from dapo.preemption import PREEMPTED_EXIT
-    job = launcher.RunJob({"name": "x"}, str(tmp_path), max_requeues=1, signal_delay_s=120)
+    job = launcher.RunJob({"checkpoint": {"on_preempt": "step_boundary"}}, str(tmp_path), max_requeues=1,
+                          signal_delay_s=120)
     job._proc = subprocess.Popen([sys.executable, "-c", _RANK, str(tmp_path)], start_new_session=True,
                                  preexec_fn=launcher._ignore_usr2, env={**os.environ, "PYTHONPATH": str(REPO)})
     end = time.monotonic() + 60
