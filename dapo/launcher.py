@@ -23,6 +23,7 @@ Config and calls :func:`dapo.train.train` (or ``accelerate launch -m dapo.train`
 from __future__ import annotations
 
 import dataclasses
+import contextlib
 import json
 import os
 import shlex
@@ -32,7 +33,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import submitit
 
@@ -52,6 +53,7 @@ SLURM_ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
                 "SUSPENDED", "RESIZING", "STAGE_OUT", "SIGNALING"}
 LOG_TAIL = 20
 EXPECT_CUDA_ENV = "DAPO_EXPECT_CUDA"   # dapo.distributed.EXPECT_CUDA_ENV (that module imports torch)
+LOCAL_JOB_ENV = "DAPO_LOCAL_JOB"      # set for a local job's controller, so inherited by all its processes
 UNKNOWN_AFTER_S = 600   # a job sacct still does not know this long after submission is gone
 
 
@@ -275,6 +277,20 @@ class RunJob(submitit.helpers.Checkpointable):
             time.sleep(0.5)
 
 
+@contextlib.contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` for the ``with`` block (what a child started in it inherits)."""
+    was = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if was is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = was
+
+
 def _ignore_usr2() -> None:
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
@@ -453,35 +469,54 @@ def _local_alive(pid: str | None, needle: str = "submitit") -> bool:
 
 
 def _local_tree(pid: str) -> list[int]:
-    """``pid`` and its descendants that are submitit processes (shell, controller, task), leaves first."""
-    children: dict[int, list[int]] = {}
+    """A local job's processes under ``pid`` (its shell, the controller, the task, and whatever the task
+    started: accelerate's ranks, vLLM's engine processes), leaves first; [] unless ``pid`` is a live
+    submitit process (pids get reused)."""
+    return process_tree(int(pid))[::-1] if _local_alive(pid) else []
+
+
+def job_processes(tag: str | None) -> list[int]:
+    """Live processes whose environment carries ``DAPO_LOCAL_JOB=<tag>``: every process of one local job,
+    wherever it now hangs in the process tree (a killed parent's children are adopted elsewhere, and
+    torchrun's ranks run in sessions of their own), since each inherits the variable from the controller."""
+    if not tag:
+        return []
+    needle = f"{LOCAL_JOB_ENV}={tag}".encode()
+    out = []
     for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(") ", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [int(pid)]
-    while todo:
-        p = todo.pop()
-        if _local_alive(str(p)):
-            out.append(p)
-            todo += children.get(p, [])
-    return out[::-1]
-
-
-def _kill_local(pid: str) -> None:
-    """Stop a local job for good: SIGKILL its submitit processes (the run keeps its checkpoints).
-
-    Signals are not enough: the task ignores SIGTERM (submitit's handler) and SIGINT is
-    ignored by processes started from a background shell.
-    """
-    for p in _local_tree(pid):
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
         try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            if needle in (d / "environ").read_bytes().split(b"\0") and \
+                    (d / "stat").read_text().rsplit(") ", 1)[1].split()[0] not in ("Z", "X"):
+                out.append(int(d.name))
+        except (OSError, IndexError):
+            continue
+    return out
+
+
+def _kill_local(pid: str | None, tag: str | None = None, wait_s: float = 30.0) -> list[int]:
+    """Stop a local job for good and wait until none of its processes is left (at most ``wait_s``):
+    SIGKILL its tree under ``pid`` and every process carrying its ``tag`` (the run keeps its
+    checkpoints). Returns the pids that were still alive when it was called.
+
+    Signals to the top are not enough: the task ignores SIGTERM (submitit's handler), SIGINT is ignored
+    by processes started from a background shell, and a killed shell or controller leaves its children
+    running (the trainer went on while the launcher started the next job, issue 41).
+    """
+    found: list[int] = []
+    end = time.monotonic() + wait_s
+    while True:
+        alive = list(dict.fromkeys((_local_tree(pid) if pid else []) + job_processes(tag)))
+        found += [p for p in alive if p not in found]
+        if not alive or time.monotonic() > end:
+            return found
+        for p in alive:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
 
 
 def _log_path(sub: dict, job: dict) -> Path | None:
@@ -557,6 +592,10 @@ def _run_state(job: Job, entry: tuple[dict, dict] | None, slurm: dict[str, str] 
                 else ("failed", "never started (the submitting process ended)")
         elif _local_alive(ent["job_id"]):
             row["state"], row["detail"] = "running", f"pid {ent['job_id']}"
+        elif left := job_processes(ent.get("tag")):
+            row["state"], row["detail"] = "running", (f"pid {ent['job_id']} ended, but {len(left)} of its processes "
+                                                      f"still run (pid {' '.join(map(str, left[:4]))}): "
+                                                      f"dapo sweep cancel stops them")
         else:
             row["state"] = "failed"
             row["detail"] = {"error": "raised an exception", "success": "ended without summary.json"}.get(
@@ -760,18 +799,25 @@ def _run_local(spec, profile, params, folder, todo, entries, save, log, stop: Pa
                 raise KeyboardInterrupt
             while queue and len(running) < cap:
                 j, e = queue.pop(0)
-                sj = ex.submit(_make_job(spec, j, profile))
+                e["tag"] = f"{folder.name}.{j.run_id}"
+                with _environ(LOCAL_JOB_ENV, e["tag"]):   # inherited by every process of the job
+                    sj = ex.submit(_make_job(spec, j, profile))
                 e["job_id"] = sj.job_id
                 save()
                 log(f"started {j.arm} seed {j.seed} ({j.run_id}) as local job {sj.job_id}")
-                running.append((j, sj))
+                running.append((j, sj, e["tag"]))
             time.sleep(0.5)
-            for j, sj in [r for r in running if r[1].done()]:
-                running.remove((j, sj))
-                log(f"ended {j.arm} seed {j.seed} ({j.run_id}): {'done' if j.finished else 'FAILED'}")
+            for j, sj, tag in [r for r in running if r[1].done()]:
+                # the job's top process ended (done, or killed: `kill -9 <local job>`); whatever of it still
+                # runs (the trainer, when only the shell was killed) is stopped before another job starts
+                left = _kill_local(None, tag)
+                running.remove((j, sj, tag))
+                note = f" (its top process ended; {len(left)} of its processes were still running: stopped)" \
+                    if left else ""
+                log(f"ended {j.arm} seed {j.seed} ({j.run_id}): {'done' if j.finished else 'FAILED'}{note}")
     except KeyboardInterrupt:
-        for j, sj in running:
-            _kill_local(sj.job_id)
+        for j, sj, tag in running:
+            _kill_local(sj.job_id, tag)
             _write_json(j.run_dir / "failed.json", {"reason": "cancelled", "time": _now()})
         if not stop.exists():
             raise
@@ -801,7 +847,7 @@ def cancel(spec: Spec, output: str | os.PathLike = "runs", log=print) -> list[st
         (_records_path(out, spec.name).with_name("cancel-requested")).touch()   # the local waiter stops
     for r in rows:
         if str(r["job_id"]) in local_ids:
-            _kill_local(str(r["job_id"]))
+            _kill_local(str(r["job_id"]), latest[r["run_id"]][1].get("tag"))
             _write_json(out / "runs" / r["run_id"] / "failed.json", {"reason": "cancelled", "time": _now()})
     log(f"cancelled {len(slurm_ids) + len(local_ids)} job(s): {' '.join(slurm_ids + local_ids) or '-'}")
     return slurm_ids + local_ids

@@ -146,3 +146,67 @@ def test_usr2_reaches_the_ranks_that_torchrun_starts_in_sessions_of_their_own(tm
             except ProcessLookupError:
                 pass
         proc.wait(30)
+
+
+# =========================================================================== a killed local job leaves nothing
+_TRAINER = """
+import os, pathlib, subprocess, sys, time
+out = pathlib.Path(sys.argv[1])
+# the trainer in a session of its own (as torchrun starts its ranks): a signal to the job's group misses it
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+(out / f"trainer.{os.environ['SUBMITIT_LOCAL_JOB_ID']}").write_text(str(child.pid))
+child.wait()
+"""
+
+
+@pytest.mark.slow
+def test_killing_the_printed_local_job_or_cancelling_the_sweep_leaves_no_trainer_running(tmp_path, monkeypatch):
+    """`kill -9 <local job N>` (the id `dapo sweep submit` prints) killed only the shell wrapper: the trainer
+    went on, the launcher recorded FAILED and started the next job, so two trained at once under
+    max_concurrent 1 (issue 41). Now the launcher stops every process of the ended job (each carries the
+    job's DAPO_LOCAL_JOB tag) before it says so and starts the next; `dapo sweep cancel` leaves nothing."""
+    import functools
+    import threading
+
+    from dapo import launcher
+    from dapo.cluster import load_profile
+    from dapo.sweep_spec import load_spec
+    from tests.test_sweep import write_spec
+    spec = load_spec(write_spec(tmp_path, seeds=[0], max_concurrent=1))          # 2 arms x 1 seed
+    out, logs = tmp_path / "out", []
+    fake = functools.partial(subprocess.call, [sys.executable, "-c", _TRAINER, str(tmp_path)])
+    monkeypatch.setattr(launcher, "_make_job", lambda spec, job, profile: fake)
+    monkeypatch.setattr(launcher, "_init_tracking", lambda jobs, profile: None)   # no store needed
+    alive = lambda pid: launcher._local_alive(str(pid), "")                        # noqa: E731 (a zombie is dead)
+    trainers: list[int] = []
+
+    def started(n: int) -> tuple[int, int]:
+        _wait_for(lambda: sum("as local job" in l for l in logs) >= n, 60, f"job {n} to start")
+        job_id = int([l for l in logs if "as local job" in l][n - 1].rsplit(" ", 1)[1])
+        f = tmp_path / f"trainer.{job_id}"
+        _wait_for(f.exists, 60, f"job {n}'s trainer")
+        trainers.append(int(f.read_text()))
+        return job_id, trainers[-1]
+    thread = threading.Thread(target=launcher.submit, args=(spec, load_profile("local"), out),
+                              kwargs={"log": logs.append}, daemon=True)
+    thread.start()
+    try:
+        job1, trainer1 = started(1)
+        os.kill(job1, signal.SIGKILL)                                   # the printed id
+        _wait_for(lambda: any(l.startswith("ended") for l in logs), 60, "the launcher to notice")
+        assert not alive(trainer1), logs                                # stopped before the next job starts
+        ended = next(l for l in logs if l.startswith("ended"))
+        assert "FAILED" in ended and "of its processes were still running: stopped" in ended, ended
+        job2, trainer2 = started(2)
+        assert alive(trainer2)
+        launcher.cancel(spec, out, log=logs.append)
+        assert not alive(trainer2) and not launcher.job_processes(
+            launcher.load_records(out, spec.name)["submissions"][-1]["jobs"][1]["tag"])
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        for pid in trainers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
