@@ -145,6 +145,11 @@ def _check_world(cfg) -> None:
                           f"--nproc_per_node {want} -m dapo.cli train ...) or set launch.num_processes={world}")
 
 
+def _cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 def train_main(argv: list[str], train_fn=None) -> int:
     """``dapo train``: every input is checked (config, data, model, eval sets) before the run
     directory exists; one line and exit status 2 for each problem. A finished run exits at once.
@@ -183,7 +188,9 @@ def train_main(argv: list[str], train_fn=None) -> int:
         return 0
     from dapo.distributed import CudaUnavailableError
     from dapo.models import CacheBusyError
+    from dapo.preflight import ToolchainError, check_compile_toolchain
     try:
+        check_compile_toolchain(cfg, _cuda_available)    # vLLM's compiled CUDA path: a compiler, Python.h
         with hold_run_dir(run_dir, enabled=main_rank):   # train() finds it held (re-entrant)
             from dapo.logs import route_engine_logs
             route_engine_logs(run_dir, verbose=a.verbose)
@@ -191,6 +198,9 @@ def train_main(argv: list[str], train_fn=None) -> int:
                 import importlib
                 train_fn = importlib.import_module(COMMANDS["train"][0]).train
             summary = train_fn(cfg, run_dir)
+    except ToolchainError as exc:   # this node cannot compile the engine's kernels: one line, status 1
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except RunDirBusy as exc:   # raised on entry only: another process trains into this run dir
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -40,7 +40,7 @@ import submitit
 from dapo.config import ConfigError, build_config, to_dict
 from dapo.cluster import ClusterProfile, check_resources
 from dapo.file_lock import held_flock
-from dapo.preflight import finished_summary
+from dapo.preflight import check_compile_toolchain, finished_summary
 from dapo.store_checks import sqlite_path
 from dapo.sweep_spec import Job, Spec, arms, expand
 
@@ -169,6 +169,9 @@ class RunJob(submitit.helpers.Checkpointable):
         if finished_summary(run_dir) is not None:   # finished by an earlier job: reuse, never rerun
             return finished_summary(run_dir)
         cfg = build_config(self.config, f"{run_dir}/job config")
+        # vLLM's compiled CUDA path needs a C compiler and Python's headers here: say so before anything loads
+        check_compile_toolchain(cfg, cuda=bool(getattr(self, "gpus_per_node", 0))
+                                and os.environ.get(EXPECT_CUDA_ENV, "").strip() != "0")
         env = submitit.JobEnvironment()
         if getattr(self, "gpus_per_node", 0):   # no CUDA then is an error, not a CPU run (dapo.distributed.check_cuda)
             os.environ.setdefault(EXPECT_CUDA_ENV, "1")   # (a profile's env may say 0)

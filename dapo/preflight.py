@@ -11,6 +11,8 @@
                                 ``output_dir`` is a directory (or can be one) and the MLflow store
                                 is usable (an SQLite file, a server that answers).
     eval_metric_names(cfg)      the eval metrics a run of ``cfg`` logs (what a spec's ``metric`` may name)
+    check_compile_toolchain(cfg, cuda)   in the job, before the engine starts: vLLM on CUDA with CUDA graphs
+                                compiles kernels, which needs a C compiler and Python's headers on the node
     finished_summary(run_dir)   a finished run's summary.json, or None
 
 Each problem is one :class:`~dapo.config.ConfigError` naming the key, the value and what to do,
@@ -22,12 +24,56 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from dapo.config import Config, ConfigError, show
 
 __all__ = ["check_sources", "check_run", "check_store", "check_output_dir", "sqlite_problem", "eval_metric_names",
-           "finished_summary"]
+           "finished_summary", "ToolchainError", "toolchain_problem", "check_compile_toolchain"]
+
+C_COMPILERS = ("gcc", "clang")   # what Triton looks for when $CC is unset
+
+
+class ToolchainError(RuntimeError):
+    """The node lacks what the configured engine needs to compile its kernels (the machine, not the input)."""
+
+
+def toolchain_problem(which=None, include_dir: str | None = None) -> str | None:
+    """What this node lacks to compile Triton/Inductor kernels: a C compiler (``$CC``, else gcc or clang on
+    PATH, as Triton looks) and Python's headers (``Python.h``); None when both are there."""
+    import shutil
+    import sysconfig
+    which = which or shutil.which
+    cc = os.environ.get("CC")
+    missing = []
+    if not any(which(c) for c in ((cc,) if cc else ()) + C_COMPILERS):
+        missing.append(f"a C compiler ({'$CC = ' + show(cc) + ', ' if cc else '$CC unset, '}no gcc or clang on PATH)")
+    include = include_dir if include_dir is not None else sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").is_file():
+        missing.append(f"Python's headers (no Python.h in {include})")
+    return " and ".join(missing) or None
+
+
+def check_compile_toolchain(cfg: Config, cuda: bool | Callable[[], bool], *, which=None,
+                            include_dir: str | None = None) -> None:
+    """vLLM on CUDA with CUDA graphs (``rollout.enforce_eager`` not true) runs torch.compile (Dynamo,
+    Inductor, Triton) at every engine start and requeue: without a C compiler and Python's headers on the
+    compute node that fails deep inside the engine. Raises :class:`ToolchainError` (one line naming what
+    is missing and ``rollout.enforce_eager=true``) before the model or the engine is loaded. ``cuda``:
+    whether this job's engine runs on CUDA, or a function that asks (called only when it matters: ``dapo
+    train`` asks torch; a sweep job knows from its resources). Called where a job starts:
+    ``dapo.launcher.RunJob`` on every node, ``dapo train``."""
+    if cfg.rollout.engine != "vllm" or cfg.rollout.enforce_eager or not (cuda() if callable(cuda) else cuda):
+        return
+    problem = toolchain_problem(which, include_dir)
+    if problem:
+        import socket
+        raise ToolchainError(f"rollout.engine = vllm on CUDA compiles its kernels (torch.compile, Triton) at each "
+                             f"engine start, and this node ({socket.gethostname()}) lacks {problem}: install "
+                             f"them on the compute nodes (or load them in the profile's setup), or run without "
+                             f"compilation: rollout.enforce_eager=true (no CUDA graphs, slower decode; "
+                             f"docs/SCALING.md)")
 
 
 def finished_summary(run_dir: str | os.PathLike) -> dict | None:

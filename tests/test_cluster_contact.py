@@ -210,3 +210,76 @@ def test_killing_the_printed_local_job_or_cancelling_the_sweep_leaves_no_trainer
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+# =========================================================================== the example profile's environment
+def test_the_example_gpu_profile_loads_no_cuda_or_nccl_module_and_keeps_compile_caches_node_local():
+    """A module that sets LD_LIBRARY_PATH can put an older libnccl.so.2 before the one the pip wheels bring,
+    and `import torch` fails (docs/SCALING.md). The template users copy loads no such module and sets no
+    library path; vLLM's and Triton's compile caches go to node-local disk, not the shared home."""
+    from dapo.cluster import load_profile
+    from dapo.launcher import setup_lines
+    prof = load_profile("example-gpu-cluster")
+    lines = setup_lines(prof)
+    assert not [l for l in lines if l.split()[:1] == ["module"] and any(
+        w in l.lower() for w in ("cuda", "nccl", "cudnn", "purge"))], lines
+    assert not {"LD_LIBRARY_PATH", "LD_PRELOAD"} & set(prof.env)
+    for key in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"):
+        assert prof.env[key].startswith("/tmp/"), (key, prof.env[key])         # node-local, not /shared or ~
+        assert f"export {key}={prof.env[key]}" in lines
+
+
+# =========================================================================== vLLM's compiled CUDA path: the toolchain
+def _vllm_cfg(tmp_path, *overrides: str):
+    from dapo.config import load_config
+    if not any(o.startswith("rollout.engine=") for o in overrides):
+        overrides = ("rollout.engine=vllm", *overrides)
+    return load_config(REPO / "experiments" / "tiny-random-smoke.yaml", [f"output_dir={tmp_path}", *overrides])
+
+
+def test_the_compile_toolchain_is_checked_only_where_vllm_compiles_and_names_the_fallback(tmp_path, monkeypatch):
+    from dapo.preflight import ToolchainError, check_compile_toolchain, toolchain_problem
+    monkeypatch.delenv("CC", raising=False)
+    nothing = lambda name: None                                                  # noqa: E731
+    problem = toolchain_problem(nothing, str(tmp_path))
+    assert "a C compiler ($CC unset, no gcc or clang on PATH)" in problem and "no Python.h in" in problem
+    with pytest.raises(ToolchainError) as exc:
+        check_compile_toolchain(_vllm_cfg(tmp_path), True, which=nothing, include_dir=str(tmp_path))
+    msg = str(exc.value)
+    assert "\n" not in msg and "rollout.enforce_eager=true" in msg and "C compiler" in msg and "Python's headers" in msg
+    (tmp_path / "Python.h").write_text("")
+    with pytest.raises(ToolchainError, match=r"lacks a C compiler \(\$CC unset.*rollout.enforce_eager=true"):
+        check_compile_toolchain(_vllm_cfg(tmp_path), True, which=nothing, include_dir=str(tmp_path))
+    gcc = lambda name: "/usr/bin/gcc" if name == "gcc" else None                 # noqa: E731
+    check_compile_toolchain(_vllm_cfg(tmp_path), True, which=gcc, include_dir=str(tmp_path))    # both there
+    monkeypatch.setenv("CC", "/opt/cc")                                          # $CC is what Triton takes first
+    check_compile_toolchain(_vllm_cfg(tmp_path), True, which=lambda n: n if n == "/opt/cc" else None,
+                            include_dir=str(tmp_path))
+    # nothing compiles: eager on request, on CPU, or the transformers engine (the CUDA question is not even asked)
+    never = lambda: pytest.fail("asked about CUDA")                              # noqa: E731
+    for cfg, cuda in ((_vllm_cfg(tmp_path, "rollout.enforce_eager=true"), never), (_vllm_cfg(tmp_path), False),
+                      (_vllm_cfg(tmp_path, "rollout.engine=hf"), never)):
+        check_compile_toolchain(cfg, cuda, which=nothing, include_dir=str(tmp_path / "none"))
+
+
+def test_a_job_without_the_toolchain_stops_at_its_start_with_one_line(tmp_path, monkeypatch, capsys):
+    """Where a job starts: `dapo train` (every rank under accelerate runs it) prints one `error:` line and
+    exits 1 before the run dir is touched; a sweep's RunJob on a GPU node raises before anything loads."""
+    import shutil
+
+    from dapo import cli, launcher
+    from dapo.config import to_dict
+    from dapo.preflight import ToolchainError
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    monkeypatch.setattr(cli, "_cuda_available", lambda: True)
+    rc = cli.train_main([str(REPO / "experiments" / "tiny-random-smoke.yaml"), "rollout.engine=vllm",
+                         f"output_dir={tmp_path}", "--run-dir", str(tmp_path / "run")],
+                        train_fn=lambda cfg, run_dir: pytest.fail("trained"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and err[0].startswith("error: rollout.engine = vllm on CUDA compiles"), err
+    assert "rollout.enforce_eager=true" in err[0] and not (tmp_path / "run").exists()
+    job = launcher.RunJob(to_dict(_vllm_cfg(tmp_path)), str(tmp_path / "run"), max_requeues=1, gpus_per_node=8)
+    with pytest.raises(ToolchainError, match="rollout.enforce_eager=true"):
+        job()
+    assert not (tmp_path / "run").exists()

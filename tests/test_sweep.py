@@ -336,7 +336,7 @@ def test_sbatch_parameters_for_the_paper_sweep():
     p = sbatch_parameters(load_spec(REPO / "sweeps" / "table1.yaml"), load_profile("example-gpu-cluster"))
     assert (p["nodes"], p["gpus_per_node"], p["ntasks_per_node"], p["cpus_per_task"]) == (16, 8, 1, 96)
     assert (p["time"], p["mem"], p["array_parallelism"], p["partition"]) == (10080, "1000GB", 2, "gpu")
-    assert p["setup"][:2] == ["module purge", "module load cuda/12.4"] and "export NCCL_DEBUG=WARN" in p["setup"]
+    assert not any(l.startswith("module") for l in p["setup"]) and "export NCCL_DEBUG=WARN" in p["setup"]
 
 
 def test_checkpoint_requeues_a_bounded_number_of_times(tmp_path: Path):
