@@ -526,7 +526,8 @@ def _chunked(fn: Callable[..., Tensor], rows: Tensor, *extra: Tensor, chunk_size
     """fn over row chunks of rows: [M, V] (and extra: [M, ...]) -> [M].
 
     With autograd on, each chunk is checkpointed: the forward keeps no [chunk, V]
-    intermediates alive and the backward recomputes them one chunk at a time.
+    intermediates alive and the backward recomputes them one chunk at a time. A caller that
+    chunks already (`dapo.logprobs`, by positions) passes chunk_size ≥ M: one level of chunks only.
     """
     if chunk_size is None:  # ~16 MiB of float32 scratch per chunk: 64k rows at V=64, 27 rows at 150k
         chunk_size = max(16, (1 << 22) // max(rows.shape[-1], 1))
@@ -535,13 +536,10 @@ def _chunked(fn: Callable[..., Tensor], rows: Tensor, *extra: Tensor, chunk_size
     if rows.shape[0] <= chunk_size:  # one chunk: checkpointing would only add a recompute
         return fn(rows, *extra)
     grad = torch.is_grad_enabled() and rows.requires_grad
-    outs = []
-    for start in range(0, rows.shape[0], chunk_size):
-        args = [t[start : start + chunk_size] for t in (rows, *extra)]
-        outs.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
-    if not outs:
-        return rows.new_zeros(0, dtype=torch.float32)
-    return torch.cat(outs)
+    # torch.split, not slicing: a slice's backward zero-fills a gradient of the whole input for every chunk
+    # and adds them up; split's backward concatenates the chunks' gradients once
+    parts = zip(*(torch.split(t, chunk_size) for t in (rows, *extra)))
+    return torch.cat([checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args) for args in parts])
 
 
 def token_entropy(logits: Tensor, chunk_size: Optional[int] = None) -> Tensor:

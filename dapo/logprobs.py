@@ -281,34 +281,40 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_tokens: 
     return _by_positions(_entropy_chunk, logits, temperature=temperature, chunk_tokens=chunk_tokens)
 
 
-def _logprob_chunk(z: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+def _logprob_chunk(z: torch.Tensor, ids: torch.Tensor, temperature: float, rows: Optional[int]) -> torch.Tensor:
     z = z.float()                                                                      # [n, c, V] float32
-    return algo.logprobs_from_logits(z if temperature == 1.0 else z / temperature, ids)
+    return algo.logprobs_from_logits(z if temperature == 1.0 else z / temperature, ids, chunk_size=rows)
 
 
-def _entropy_chunk(z: torch.Tensor, temperature: float) -> torch.Tensor:
+def _entropy_chunk(z: torch.Tensor, temperature: float, rows: Optional[int]) -> torch.Tensor:
     z = z.float()                                                                      # [n, c, V] float32
-    return algo.token_entropy(z if temperature == 1.0 else z / temperature)
+    return algo.token_entropy(z if temperature == 1.0 else z / temperature, chunk_size=rows)
 
 
 def _by_positions(fn, logits: torch.Tensor, *extra: torch.Tensor, temperature: float,
                   chunk_tokens: Optional[int]) -> torch.Tensor:
     """fn over chunks of c = chunk_tokens // n positions: logits [n, L, V], extra [n, L] -> [n, L].
 
-    Only one chunk's float32 copy [n, c, V] exists at a time (the logits stay in the model's dtype),
-    and with autograd each chunk is checkpointed: the backward recomputes it instead of keeping a
-    float32 [n, L, V] alive. Positions are independent, so the result does not depend on c.
+    One level of chunks: ``chunk_tokens`` None leaves the chunking to dapo.algo (rows of ~16 MiB of
+    float32); set, the chunks are these positions and each is computed whole (dapo.algo's row chunks
+    off: nested checkpointed chunks recomputed every chunk twice and zero-filled a float32 gradient of
+    the outer chunk for each inner one, issue 38). Only one chunk's float32 copy [n, c, V] exists at a
+    time (the logits stay in the model's dtype), and with autograd each chunk is checkpointed: the
+    backward recomputes it instead of keeping a float32 [n, c, V] alive. The chunks are
+    ``torch.split`` views, whose backward concatenates their gradients once (a slice's backward
+    zero-fills the whole [n, L, V] per chunk). Positions are independent, so the result does not depend on c.
     """
     n, L = logits.shape[0], logits.shape[1]
-    c = L if chunk_tokens is None else max(1, chunk_tokens // max(n, 1))
-    if c >= L:
-        return fn(logits, *extra, temperature)
+    if chunk_tokens is None:
+        return fn(logits, *extra, temperature, None)
+    c = max(1, chunk_tokens // max(n, 1))
     grad = torch.is_grad_enabled() and logits.requires_grad
     outs = []
-    for s in range(0, L, c):
-        args = (logits[:, s:s + c], *(e[:, s:s + c] for e in extra))
-        outs.append(checkpoint(fn, *args, temperature, use_reentrant=False) if grad else fn(*args, temperature))
-    return torch.cat(outs, dim=1)
+    for z, *e in zip(torch.split(logits, c, dim=1), *(torch.split(x, c, dim=1) for x in extra)):
+        rows = max(1, z.shape[0] * z.shape[1])                                         # the whole chunk at once
+        outs.append(checkpoint(fn, z, *e, temperature, rows, use_reentrant=False) if grad
+                    else fn(z, *e, temperature, rows))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
 def length_sorted(idx: list[int], batch: RolloutBatch, packed: bool = False) -> list[int]:
