@@ -9,6 +9,14 @@ names the path. Leftover temporary directories of a killed writer are removed by
 next save; old checkpoints are renamed away before they are deleted, so a kill during
 rotation never leaves a half-deleted ``step_*`` directory that looks complete.
 
+Integrity: before a checkpoint is published, the SHA-256 of each of its files goes into
+``checksums.json`` (the files are hashed by all ranks, each its share); loading verifies them
+first, so a file damaged after the save (flipped bytes, cut short, removed) is a
+:class:`CheckpointError` naming the checkpoint and the file, never silently resumed.
+:func:`load_latest` resumes from the newest intact checkpoint: a damaged newer one is moved
+aside to ``.damaged_step_NNNNNN`` with one line saying so. Checkpoints written before
+checksums existed are loaded unverified.
+
 Everything is read back with ``torch.load(weights_only=True)``: no pickle of arbitrary
 objects is ever loaded (the numpy RNG state is stored as a tensor for that reason).
 
@@ -23,6 +31,7 @@ has reported its files durable; a failure on any rank fails the save on all of t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -37,9 +46,10 @@ import torch
 from dapo import faults
 
 __all__ = ["CheckpointError", "PendingCheckpoint", "save_checkpoint", "latest_checkpoint", "load_checkpoint",
-           "rng_state", "set_rng_state", "save_final_model"]
+           "load_latest", "checkpoint_problem", "rng_state", "set_rng_state", "save_final_model"]
 
 SHARDS = "shards"   # torch.distributed.checkpoint directory of a sharded checkpoint
+CHECKSUMS = "checksums.json"   # {relative file path: sha256 hex} of every other file of a checkpoint
 
 
 class CheckpointError(RuntimeError):
@@ -125,8 +135,15 @@ class PendingCheckpoint:
         except Exception as exc:  # noqa: BLE001 - the writer's error, reported below (on every rank)
             err = tag + (str(exc) if isinstance(exc, _WriteFailed) else f"{type(exc).__name__}: {exc}")
         errors = [e for e in all_gather_object(err, self.world) if e]
+        sums: dict[str, str] = {}
+        if not errors:   # every rank's files are written: each rank hashes its share of them
+            share, err = _hash_share(self.tmp, self.rank, self.world)
+            gathered = all_gather_object((share, tag + err if err else None), self.world)
+            errors = [e for _, e in gathered if e]
+            sums = {k: v for part, _ in gathered for k, v in part.items()}
         if not errors and self.rank == 0:
             try:
+                _write_checksums(self.tmp, sums)
                 _publish(self.root, self.tmp, self.final, self.step, fsync_files=self.fsync_on_publish)
             except Exception as exc:  # noqa: BLE001
                 errors = [f"{tag}{type(exc).__name__}: {exc}"]
@@ -217,6 +234,63 @@ def _start(run_dir: Path, step: int, *, model, optimizer, scheduler, state, keep
     # synchronous: finish() runs write() itself (an OSError of a full disk, or torch's RuntimeError
     # wrapping one, becomes its CheckpointError naming the path, the temporary directory removed)
     return PendingCheckpoint(root, tmp, final, step, keep_last, _in_background(write) if async_save else write)
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(directory: Path) -> list[str]:
+    """A checkpoint directory's files (relative POSIX paths, sorted), its checksum file aside."""
+    return sorted(f.relative_to(directory).as_posix() for f in directory.rglob("*")
+                  if f.is_file() and f.name != CHECKSUMS)
+
+
+def _hash_share(directory: Path, rank: int, world: int) -> tuple[dict[str, str], str | None]:
+    """SHA-256 of this rank's share (every ``world``-th file from ``rank``) of ``directory``'s files;
+    (digests, None) or ({}, the error)."""
+    try:
+        return {name: _file_digest(directory / name) for name in _files(directory)[rank::world]}, None
+    except OSError as exc:
+        return {}, f"hashing its files: {type(exc).__name__}: {exc}"
+
+
+def _write_checksums(directory: Path, sums: dict[str, str]) -> None:
+    with open(directory / CHECKSUMS, "w") as fh:
+        json.dump(dict(sorted(sums.items())), fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def checkpoint_problem(path: str | os.PathLike, rank: int = 0, world: int = 1) -> str | None:
+    """What is wrong with checkpoint ``path``'s files (of several ranks, this rank's share of them), or
+    None: a file its ``checksums.json`` lists is missing or differs from its checksum, or the checksum
+    file is unreadable. A checkpoint written before checksums existed is not checked (None)."""
+    path = Path(path)
+    if not (path / "state.json").is_file():
+        return "state.json is missing"
+    if not (path / CHECKSUMS).exists():
+        return None
+    try:
+        sums = json.loads((path / CHECKSUMS).read_text())
+        if not isinstance(sums, dict):
+            raise ValueError("not a mapping")
+    except (OSError, ValueError) as exc:
+        return f"{CHECKSUMS} is unreadable ({type(exc).__name__}: {exc})"
+    for name in sorted(sums)[rank::world]:
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        try:
+            if _file_digest(f) != sums[name]:
+                return f"{name} does not match its checksum (the file was changed or damaged after the save)"
+        except OSError as exc:
+            return f"{name} is unreadable ({type(exc).__name__}: {exc})"
+    return None
 
 
 def _publish(root: Path, tmp: Path, final: Path, step: int, *, fsync_files: bool = True) -> None:
@@ -348,19 +422,91 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint directory, or None."""
+def _complete(run_dir: str | os.PathLike) -> list[Path]:
+    """The published checkpoint directories of a run, oldest first."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
-        return None
-    done = sorted(p for p in root.glob("step_*") if (p / "state.json").is_file())
+        return []
+    return sorted(p for p in root.glob("step_*") if (p / "state.json").is_file())
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint directory, or None."""
+    done = _complete(run_dir)
     return done[-1] if done else None
+
+
+def load_latest(run_dir: str | os.PathLike, *, model: torch.nn.Module, optimizer: Any = None, scheduler: Any = None,
+                required: tuple[str, ...] = (), log: Any = print) -> tuple[Path | None, dict[str, Any] | None]:
+    """Load the newest intact checkpoint of ``run_dir`` (every rank of a sharded model calls this);
+    returns (its path, its ``state.json``), or (None, None) when there is none.
+
+    A newer checkpoint that fails its checks (:func:`load_checkpoint`) is moved aside to
+    ``checkpoints/.damaged_<name>`` (kept for inspection, never read again) with one line through ``log``,
+    and the one before is tried. If no checkpoint is intact nothing is moved and CheckpointError lists
+    what is wrong with each."""
+    done = _complete(run_dir)
+    damaged: list[tuple[Path, str]] = []
+    for ckpt in reversed(done):
+        try:
+            state = load_checkpoint(ckpt, model=model, optimizer=optimizer, scheduler=scheduler, required=required)
+        except CheckpointError as exc:
+            damaged.append((ckpt, _reason(exc, ckpt)))
+            continue
+        for bad, reason in damaged:
+            aside = _move_aside(bad, model)
+            log(f"checkpoint {bad} is damaged ({reason}); moved to {aside.name}, resuming from {ckpt.name} instead")
+        return ckpt, state
+    if damaged:
+        raise CheckpointError(f"{Path(run_dir) / 'checkpoints'}: no intact checkpoint ("
+                              + "; ".join(f"{p.name}: {r}" for p, r in damaged)
+                              + "); move the checkpoints directory aside to start this run over")
+    return None, None
+
+
+def _reason(exc: CheckpointError, ckpt: Path) -> str:
+    """The part of a load error after the checkpoint's path."""
+    text = str(exc)
+    return text[len(str(ckpt)) + 2:] if text.startswith(f"{ckpt}: ") else text
+
+
+def _move_aside(ckpt: Path, model: torch.nn.Module) -> Path:
+    """Rename a damaged checkpoint to a hidden name no loader reads (rank 0; every rank waits for it)."""
+    from dapo.distributed import barrier
+    aside = ckpt.parent / f".damaged_{ckpt.name}"
+    if aside.exists():
+        aside = ckpt.parent / f".damaged_{ckpt.name}_{os.getpid()}"
+    world = 1
+    if _sharded(model):
+        import torch.distributed as dist
+        world = dist.get_world_size()
+        if dist.get_rank() != 0:
+            barrier(world)
+            return aside
+    os.rename(ckpt, aside)
+    barrier(world)
+    return aside
+
+
+def _state(path: Path, required: tuple[str, ...]) -> dict[str, Any]:
+    """``state.json``, with the keys ``required`` (a KeyError naming the file otherwise)."""
+    state = json.loads((path / "state.json").read_text())
+    if not isinstance(state, dict):
+        raise ValueError("state.json is not a JSON object")
+    missing = [k for k in required if k not in state]
+    if missing:
+        raise KeyError(f"state.json has no {', '.join(repr(k) for k in missing)}")
+    return state
 
 
 def load_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
-                    restore_rng: bool = True) -> dict[str, Any]:
+                    restore_rng: bool = True, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """Load a checkpoint into the given objects; return its ``state.json`` dict.
+
+    Its files are first checked against ``checksums.json`` (:func:`checkpoint_problem`), and
+    ``state.json`` must hold the keys ``required``: anything wrong is a CheckpointError naming the path
+    and the file, before any object is changed by a damaged file.
 
     A sharded checkpoint (``shards/``) into a sharded model: every rank calls this and reads
     its own shards of the model and optimizer (any number of ranks), and its own RNG state.
@@ -368,20 +514,31 @@ def load_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module,
     path = Path(path)
     if (path / SHARDS).is_dir():
         return _load_sharded(path, model=model, optimizer=optimizer, scheduler=scheduler,
-                             restore_rng=restore_rng)
+                             restore_rng=restore_rng, required=required)
+    problem = checkpoint_problem(path)
+    if problem:
+        raise CheckpointError(f"{path}: {problem}")
     try:
-        state = json.loads((path / "state.json").read_text())
+        state = _state(path, required)
         model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
         extra = _load_extra(path / "optim.pt")
-    except Exception as exc:  # OSError, a truncated zip (RuntimeError), bad JSON, unpickling refused
-        raise CheckpointError(f"{path}: could not load checkpoint ({type(exc).__name__}: {exc})") from exc
-    if optimizer is not None:
-        optimizer.load_state_dict(extra["optimizer"])
-    if scheduler is not None and extra.get("scheduler") is not None:
-        scheduler.load_state_dict(extra["scheduler"])
-    if restore_rng:
-        set_rng_state(extra["rng"])
+        if optimizer is not None:
+            optimizer.load_state_dict(extra["optimizer"])
+        if scheduler is not None and extra.get("scheduler") is not None:
+            scheduler.load_state_dict(extra["scheduler"])
+        if restore_rng:
+            set_rng_state(extra["rng"])
+    except Exception as exc:  # OSError, a truncated zip (RuntimeError), bad JSON, a missing key, unpickling refused
+        raise CheckpointError(f"{path}: could not load checkpoint ({_why(exc)})") from exc
     return state
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return f"{Path(exc.filename).name} is missing"
+    if isinstance(exc, KeyError):
+        return str(exc.args[0]) if exc.args and str(exc.args[0]).startswith("state.json") else f"a key is missing: {exc}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def load_extra(path: str | os.PathLike) -> dict[str, Any]:
@@ -403,17 +560,23 @@ def load_extra(path: str | os.PathLike) -> dict[str, Any]:
     return _load_extra(p).get("extra") or {} if p.is_file() else {}
 
 
-def _load_sharded(path: Path, *, model, optimizer, scheduler, restore_rng: bool) -> dict[str, Any]:
+def _load_sharded(path: Path, *, model, optimizer, scheduler, restore_rng: bool,
+                  required: tuple[str, ...] = ()) -> dict[str, Any]:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    from dapo.distributed import all_gather_object
+
     if not _sharded(model):
         raise CheckpointError(f"{path}: a sharded checkpoint (written by several processes); load it with "
                               f"the same launch.fsdp setting (a sharded model)")
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    problems = [p for p in all_gather_object(checkpoint_problem(path, rank, world), world) if p]
+    if problems:   # the same answer on every rank (each checked its share of the files)
+        raise CheckpointError(f"{path}: {problems[0]}")
     try:
-        state = json.loads((path / "state.json").read_text())
+        state = _state(path, required)
         msd, osd = get_state_dict(model, optimizer if optimizer is not None else [])
         target = {"model": msd, **({"optim": osd} if optimizer is not None else {})}
         dcp.load(target, checkpoint_id=str(path / SHARDS))
@@ -422,8 +585,12 @@ def _load_sharded(path: Path, *, model, optimizer, scheduler, restore_rng: bool)
         extra = torch.load(path / "extra.pt", map_location="cpu", weights_only=True)
         own = path / f"rng_rank{rank}.pt"
         rng = torch.load(own if own.is_file() else path / "rng_rank0.pt", map_location="cpu", weights_only=True)
-    except Exception as exc:  # OSError, bad JSON, a missing shard, unpickling refused
-        raise CheckpointError(f"{path}: could not load checkpoint ({type(exc).__name__}: {exc})") from exc
+        err = None
+    except Exception as exc:  # OSError, bad JSON, a missing shard or key, unpickling refused
+        err = _why(exc)
+    errors = [e for e in all_gather_object(err, world) if e]
+    if errors:   # every rank raises, so that every rank falls back to the same checkpoint
+        raise CheckpointError(f"{path}: could not load checkpoint ({errors[0]})")
     if scheduler is not None and extra.get("scheduler") is not None:
         scheduler.load_state_dict(extra["scheduler"])
     if restore_rng:
