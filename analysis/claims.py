@@ -11,7 +11,8 @@ finds such sentences in Markdown (README.md, results/*/reading.md) with a mechan
    ends at a blank line, a heading, a table, a fence or a list item's marker; a sentence ends at
    ``.``, ``!`` or ``?`` followed by a space, except after the abbreviations in :data:`ABBREVIATIONS`
    and before a lowercase letter). A bold run-in heading (``**Entropy does not move:**``) is part of
-   the sentence that follows it. Inline code spans (`` `algo.rollout_correction.level` ``) and link
+   the sentence that follows it (a bold question, ``**Which variant moves entropy?**``, is a unit of its
+   own). Inline code spans (`` `algo.rollout_correction.level` ``) and link
    targets are names, not prose, and are blanked before matching.
 2. **Words.** A unit is *claiming* when it holds a word of :data:`VERDICT_WORDS` (whole word,
    case-insensitive, not part of a hyphenated compound such as "token-level" or "read-only"), unless
@@ -27,7 +28,7 @@ finds such sentences in Markdown (README.md, results/*/reading.md) with a mechan
    - a decided row: ``p_Holm`` (or ``p Holm``, "TOST p_Holm") followed by its value, e.g.
      ``p_Holm = 0.012``, ``TOST p_Holm 0.020``, ``p_Holm < 0.001`` (a threshold such as
      ``p_Holm ≤ 0.05`` is not a value); or
-   - a lead: the word "lead" (or "leads") together with a q value ≤ :data:`LEAD_Q`, e.g.
+   - a lead: the word "lead" (or "leads") together with a q value (any in the unit) ≤ :data:`LEAD_Q`, e.g.
      ``lead: p = 0.031, q = 0.06`` (``q ≤ 0.10`` is a threshold, not a value); or
    - nothing, when it *defines* the vocabulary: it lies in a paragraph that opens with
      ``**Decision rule.**``, or it holds a bold verdict word (``**reproduces**``) together with a
@@ -73,8 +74,10 @@ VERDICT_WORDS: dict[str, str] = {
     "shrinks": r"shrinks?|shrank|shrunk|shrinking",
     "helps": r"helps?|helped|helping",
 }
-"""The words that state a verdict or a mechanism, each with the forms matched (whole words, any case;
-"lower" and "raise" as adjectives of a bound, e.g. "lower bound", are not listed: only "lowers")."""
+"""The words that state a verdict or a mechanism, each with the forms matched (whole words, any case).
+Not listed, on purpose: "lower" (an adjective far more often than a verb: "lower bound", "lower
+entropy"), "inconclusive" (claims nothing) and "differs" (the word the rule prescribes where no paper
+gives a direction, but in prose mostly the everyday one: "the eval seed differs by training seed")."""
 
 _WORD_RE = {k: re.compile(r"(?<![\w-])(?:" + v + r")(?![\w-])", re.I) for k, v in VERDICT_WORDS.items()}
 
@@ -97,7 +100,6 @@ _ONLY_AFTER = re.compile(
 _BOUNDED_ATTRIBUTIVE = re.compile(
     r"^\s+(?!nulls?\b|within\b|inside\b|at\b|by\b|in\b|to\b|either\b|here\b|there\b|too\b|nor\b|or\b|and\b|"
     r"the\b|it\b|them\b)[a-z]", re.I)
-_SLASH_LIST = re.compile(r"(?:\s/\s*\S[^/]{0,20}$)", re.I)
 
 EXEMPTIONS = {
     "hyphenated": "a word joined to another by a hyphen is a compound ('token-level', 'read-only')",
@@ -219,10 +221,10 @@ def units(markdown: str) -> list[Unit]:
         stripped = line.strip()
         if not stripped:
             flush()
-        elif stripped.startswith("#"):
+        elif re.match(r"#{1,6}(?:\s|$)", stripped):
             flush()
             result.append(Unit(i, _blank_code_and_links(stripped.lstrip("#").strip()), "heading"))
-        elif stripped.startswith("|"):
+        elif stripped.startswith("|"):  # a table row (header and rule rows too)
             flush()
             result.append(Unit(i, _blank_code_and_links(stripped), "table"))
         elif _LIST_ITEM.match(line):
@@ -283,11 +285,7 @@ def has_evidence(text: str) -> bool:
     if _P_HOLM.search(text):
         return True
     if _LEAD.search(text):
-        for m in _Q_VALUE.finditer(text):
-            if m.group(1) is None and float(m.group(2)) <= LEAD_Q:
-                return True
-            if m.group(1) is not None and float(m.group(2)) <= LEAD_Q:  # "q < 0.001"
-                return True
+        return any(float(m.group(2)) <= LEAD_Q for m in _Q_VALUE.finditer(text))  # "q = 0.06", "q < 0.001"
     return False
 
 
