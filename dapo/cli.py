@@ -186,10 +186,11 @@ def train_main(argv: list[str], train_fn=None) -> int:
             print(f"already finished: {run_dir}" + (f"\n  browse: {mlflow_ui_command(done['mlflow_uri'])}"
                                                     if isinstance(done.get("mlflow_uri"), str) else ""))
         return 0
-    from dapo.checkpoint import CheckpointError
     from dapo.distributed import CudaUnavailableError
     from dapo.models import CacheBusyError
+    from dapo.file_lock import NoLocksError
     from dapo.preflight import ToolchainError, check_compile_toolchain
+    from dapo.run_dir import RunDirNoLocks
     try:
         check_compile_toolchain(cfg, _cuda_available)    # vLLM's compiled CUDA path: a compiler, Python.h
         with hold_run_dir(run_dir, enabled=main_rank):   # train() finds it held (re-entrant)
@@ -199,14 +200,14 @@ def train_main(argv: list[str], train_fn=None) -> int:
                 import importlib
                 train_fn = importlib.import_module(COMMANDS["train"][0]).train
             summary = train_fn(cfg, run_dir)
-    except ToolchainError as exc:   # this node cannot compile the engine's kernels: one line, status 1
+    except (ToolchainError, NoLocksError, RunDirNoLocks) as exc:   # this node cannot compile the engine's kernels,
+        # or the file system has no locks: one line, status 1
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except RunDirBusy as exc:   # raised on entry only: another process trains into this run dir
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (CudaUnavailableError, CacheBusyError, CheckpointError) as exc:   # the machine or the files, not the
-        # input: one line, status 1 (a checkpoint error names the checkpoint and what is wrong with it)
+    except (CudaUnavailableError, CacheBusyError) as exc:   # the machine, not the input: one line, status 1
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:   # Ctrl-C: train() has ended the MLflow run KILLED; the checkpoints stay

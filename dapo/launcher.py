@@ -657,6 +657,26 @@ def _check_tracking(jobs: list[Job], profile: ClusterProfile) -> None:
                                 f"--help) or fix {where}") from None
 
 
+def shared_sqlite_problem(spec: Spec, jobs: list[Job], profile: ClusterProfile, output: Path,
+                          parallel: int) -> str | None:
+    """A GPU sweep that runs more than one job at a time, logging to a sqlite store: what is wrong and how to
+    start a tracking server instead (None when nothing is). sqlite on NFS or Lustre, where a cluster's
+    output lives, is not safe for concurrent writers (docs/RELIABILITY.md); a CPU sweep on one machine is."""
+    at_once = min(parallel, len(jobs))
+    if not spec.resources.gpus_per_node or at_once <= 1:
+        return None
+    dbs = sorted({str(db) for j in jobs if (db := sqlite_path(job_tracking_uri(j, profile))) is not None})
+    if not dbs:
+        return None
+    where = f"tracking_uri: http://<that host>:5000 in {profile.path}" if profile.path else \
+        "--set logging.tracking_uri=http://<that host>:5000"
+    return (f"{spec.path}: {at_once} GPU jobs at a time (max_concurrent {spec.max_concurrent}, profile "
+            f"{profile.name} max_array_parallel {profile.max_array_parallel}) would write one sqlite MLflow store "
+            f"({dbs[0]}{' and more' if len(dbs) > 1 else ''}), which is not safe on a shared file system; start a "
+            f"tracking server on a host the nodes reach (python -m dapo.mlflow_server --root {output} --host "
+            f"<that host's address> --port 5000) and set {where}, or set max_concurrent: 1; nothing was submitted")
+
+
 def _init_tracking(jobs: list[Job], profile: ClusterProfile) -> None:
     """Create a new sqlite MLflow store (tables + experiment) once, before jobs race to do it.
 
@@ -733,7 +753,10 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
               "array_job_id": None, "set": spec.extra_overrides, "jobs": [], "skipped": skipped}
     for s in skipped:
         log(f"skip {s['arm']} seed {s['seed']} ({s['run_id']}): {s['reason']}")
+    shared = shared_sqlite_problem(spec, todo, profile, out, params["array_parallelism"])
     if dry_run:
+        if shared:
+            log(f"warning: submitting would be refused: {shared}")
         from submitit.slurm.slurm import _make_sbatch_string
         folder = out / "sweeps" / spec.name / "submitit" / "<timestamp>"
         script = _make_sbatch_string(command=f"{_python(profile)} -u -m submitit.core._submit {shlex.quote(str(folder))}",
@@ -750,6 +773,8 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
         todo = [dataclasses.replace(j, config=dataclasses.replace(
             j.config, logging=dataclasses.replace(j.config.logging, declaration=spec.declaration)))
             for j in todo]
+    if shared:
+        raise ConfigError(shared)
     _check_tracking(todo, profile)
     _init_tracking(todo, profile)
     folder = out / "sweeps" / spec.name / "submitit" / record["id"]

@@ -8,6 +8,8 @@
                                   directory holding anything a run does not write is not a run dir
     hold_run_dir(run_dir)         an exclusive lock on ``<run_dir>/run.lock`` for as long as the run
                                   lives; a second process gets :class:`RunDirBusy` naming the holder
+                                  (after a bounded wait when the holder is on another host), a file
+                                  system without locks :class:`RunDirNoLocks` saying so
     run_dir_holder(run_dir)       who holds that lock now (``dapo runs``: running vs stopped), asked
                                   without taking it
 
@@ -20,7 +22,15 @@ resumed job always gets it. Only rank 0 of a multi-process run takes it (the oth
 directory with it). A POSIX lock is released when its process closes *any* descriptor of the file,
 so this process never opens ``run.lock`` a second time (:func:`hold_run_dir` is re-entrant instead).
 
-Pure standard library plus :mod:`dapo.config` and :mod:`dapo.store_checks`: no torch, nothing imported that writes.
+On a shared file system a lock can outlive its holder: after a node failure the server keeps the dead
+client's lock until its lease or grace period ends (minutes). So a holder on *another host* (what the
+lock file says) is waited for, at most ``FOREIGN_HOLDER_WAIT_S``, before :class:`RunDirBusy`: a
+requeued job landing on a new node then starts once the old lock lapses. A holder on this host is
+alive (the kernel drops a dead process's lock at once): busy at once. A file system with no locks at
+all (``ENOLCK``, ``ENOSYS``, ``EOPNOTSUPP``; :func:`dapo.file_lock.lock_failure`) is said as such.
+
+Pure standard library plus :mod:`dapo.config`, :mod:`dapo.file_lock` and :mod:`dapo.store_checks`: no
+torch, nothing imported that writes.
 """
 
 from __future__ import annotations
@@ -30,15 +40,19 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from dapo.config import Config, ConfigError, build_config, config_diff, config_hash, show
+from dapo.file_lock import lock_failure, no_locks_message
 from dapo.yaml_io import safe_yaml_file
 
-__all__ = ["RunDirBusy", "run_dir_for", "check_run_dir", "hold_run_dir", "run_dir_holder", "LOCK_FILE", "RUN_ENTRIES"]
+__all__ = ["RunDirBusy", "RunDirNoLocks", "run_dir_for", "check_run_dir", "hold_run_dir", "run_dir_holder", "LOCK_FILE", "RUN_ENTRIES"]
 
 LOCK_FILE = "run.lock"
+FOREIGN_HOLDER_WAIT_S = 300.0   # how long a holder on another host is waited for (a stale lock of a dead node)
+FOREIGN_HOLDER_POLL_S = 5.0
 # What a run (dapo train, a sweep job) writes at the top of its directory.
 RUN_ENTRIES = frozenset({"config.yaml", "checkpoints", "mlflow_run.json", "summary.json", "final_model",
                          "eval_records", "engine.log", ".engine-logging.json", LOCK_FILE, "job.json",
@@ -54,6 +68,10 @@ def run_dir_for(cfg: Config) -> Path:
 
 class RunDirBusy(ConfigError):
     """Another process is training into this run directory."""
+
+
+class RunDirNoLocks(ConfigError):
+    """The run directory's file system cannot lock ``run.lock`` (no locks there, or another lock error)."""
 
 
 def _show_value(v: Any) -> str:
@@ -130,15 +148,25 @@ def _check_store(cfg: Config, run_dir: Path) -> None:
 _HELD: dict[str, int] = {}   # resolved run dir → the descriptor of its lock file, in this process
 
 
+def _holder_words(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").split()
+    except OSError:
+        return []
+
+
 def _holder(path: Path) -> str:
     """What the lock file says about its holder (another process wrote it): ``pid N on HOST``."""
-    try:
-        words = path.read_text(encoding="utf-8", errors="replace").split()
-    except OSError:
-        words = []
+    words = _holder_words(path)
     if words and words[0].isdigit():
         return f"pid {words[0]}" + (f" on {show(words[1], 80)}" if len(words) > 1 else "")
     return "a process that has not written its pid yet"
+
+
+def _holder_host(path: Path) -> str | None:
+    """The host the lock file names (None when it names none)."""
+    words = _holder_words(path)
+    return words[1] if len(words) > 1 and words[0].isdigit() else None
 
 
 # struct flock as fcntl(F_GETLK) reads and writes it (l_type, l_whence, l_start, l_len, l_pid), per platform
@@ -177,28 +205,67 @@ def run_dir_holder(run_dir: str | os.PathLike) -> str | None:
     return None if got[order[0]] == fcntl.F_UNLCK else _holder(path)
 
 
+def _take_lock(fd: int, path: Path, run_dir: Path, *, foreign_wait_s: float, poll_s: float,
+               log: Callable[[str], Any]) -> None:
+    """Take the POSIX lock on ``fd`` (``path``), or raise: :class:`RunDirBusy` (a holder on this host, or
+    one on another host still there after ``foreign_wait_s``), :class:`RunDirNoLocks` (no locks on this
+    file system, or another lock error). The caller closes ``fd`` on a raise."""
+    import fcntl
+    import socket
+    deadline = None
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            kind = lock_failure(exc)
+            if kind == "unsupported":
+                raise RunDirNoLocks(no_locks_message(path, exc)) from None
+            if kind == "other":
+                raise RunDirNoLocks(f"run directory {run_dir}: cannot lock {LOCK_FILE} ({type(exc).__name__}: "
+                                  f"{exc.strerror or exc})") from None
+        host = _holder_host(path)
+        busy = (f"run directory {run_dir} is in use by {_holder(path)} (another dapo train of this run); two "
+                f"processes must not train into one run: wait for it to end or stop it")
+        if host is None or host == socket.gethostname() or foreign_wait_s <= 0:
+            raise RunDirBusy(busy)
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + foreign_wait_s
+            log(f"[dapo] run directory {run_dir} is held by {_holder(path)}, another host; a lock can outlive a "
+                f"failed node for minutes: waiting up to {foreign_wait_s:.0f} s for it")
+        elif now > deadline:
+            raise RunDirBusy(f"{busy} (still held after {foreign_wait_s:.0f} s of waiting)")
+        time.sleep(poll_s)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 @contextlib.contextmanager
-def hold_run_dir(run_dir: str | os.PathLike, *, enabled: bool = True) -> Iterator[None]:
+def hold_run_dir(run_dir: str | os.PathLike, *, enabled: bool = True, foreign_wait_s: float = FOREIGN_HOLDER_WAIT_S,
+                 poll_s: float = FOREIGN_HOLDER_POLL_S, log: Callable[[str], Any] = _stderr) -> Iterator[None]:
     """Hold ``<run_dir>/run.lock`` (created with the directory) while the body runs; re-entrant.
 
     ``enabled=False`` (ranks other than 0) holds nothing. Raises :class:`RunDirBusy` naming the
-    holder's pid at once if another process holds it."""
+    holder's pid at once if another process on this host holds it; a holder on another host is waited
+    for, at most ``foreign_wait_s`` (polling every ``poll_s``), with one line through ``log`` when the
+    wait begins. A file system without locks is :class:`RunDirNoLocks` saying so, not "in use"."""
     run_dir = Path(run_dir)
     key = str(run_dir.resolve())
     if not enabled or key in _HELD:
         yield
         return
-    import fcntl
     import socket
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+        _take_lock(fd, path, run_dir, foreign_wait_s=foreign_wait_s, poll_s=poll_s, log=log)
+    except BaseException:
         os.close(fd)
-        raise RunDirBusy(f"run directory {run_dir} is in use by {_holder(path)} (another dapo train of this run); "
-                         f"two processes must not train into one run: wait for it to end or stop it") from None
+        raise
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)

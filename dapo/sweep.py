@@ -238,12 +238,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from dapo.file_lock import NoLocksError
     from dapo.tracking import TrackingError   # light: imports no mlflow
     try:
         return int(args.fn(args) or 0)
     except (ConfigError, TrackingError) as exc:   # a bad spec / profile, or a tracking server that does not answer
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except NoLocksError as exc:   # the output's file system has no locks (the submission record's): the machine
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

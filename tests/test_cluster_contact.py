@@ -283,3 +283,125 @@ def test_a_job_without_the_toolchain_stops_at_its_start_with_one_line(tmp_path, 
     with pytest.raises(ToolchainError, match="rollout.enforce_eager=true"):
         job()
     assert not (tmp_path / "run").exists()
+
+
+# =========================================================================== locks: busy vs no locks at all
+def _failing(err: int, then_ok_after: int | None = None):
+    """A lock call that fails with ``err`` (``then_ok_after`` times, then succeeds; None: always)."""
+    calls = []
+
+    def lock(fd, op, *a):
+        calls.append(op)
+        if then_ok_after is None or len(calls) <= then_ok_after:
+            raise OSError(err, os.strerror(err))
+    lock.calls = calls
+    return lock
+
+
+@pytest.mark.parametrize("err", ["ENOLCK", "ENOSYS", "EOPNOTSUPP"])
+def test_a_file_system_without_locks_is_said_as_such_not_in_use(tmp_path, monkeypatch, err):
+    """Lustre without -o flock, NFSv3 without lockd: every lock call fails with ENOLCK / ENOSYS / EOPNOTSUPP.
+    That used to read "in use by a process that has not written its pid yet" (run dir) or a traceback (flock)."""
+    import errno
+    import fcntl
+
+    from dapo.file_lock import NoLocksError, try_flock
+    from dapo.run_dir import RunDirBusy, RunDirNoLocks, hold_run_dir
+    code = getattr(errno, err)
+    monkeypatch.setattr(fcntl, "lockf", _failing(code))
+    monkeypatch.setattr(fcntl, "flock", _failing(code))
+    with pytest.raises(RunDirNoLocks) as exc:
+        with hold_run_dir(tmp_path / "run"):
+            pass
+    msg = str(exc.value)
+    assert not isinstance(exc.value, RunDirBusy) and "in use" not in msg and "\n" not in msg
+    name = errno.errorcode[code]                                         # EOPNOTSUPP is ENOTSUP on Linux
+    assert f"does not support file locks ({name}" in msg and "run.lock" in msg and "-o flock" in msg
+    with pytest.raises(NoLocksError, match=rf"x.lock: this file system does not support file locks \({name}"):
+        try_flock(tmp_path / "x.lock")
+
+
+@pytest.mark.parametrize("err", ["EAGAIN", "EACCES"])
+def test_a_busy_lock_held_on_this_host_is_busy_at_once(tmp_path, monkeypatch, err):
+    import errno
+    import fcntl
+    import socket
+
+    from dapo.file_lock import try_flock
+    from dapo.run_dir import RunDirBusy, hold_run_dir
+    monkeypatch.setattr(fcntl, "lockf", _failing(getattr(errno, err)))
+    monkeypatch.setattr(fcntl, "flock", _failing(getattr(errno, err)))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.lock").write_text(f"4242 {socket.gethostname()}\n")
+    t = time.monotonic()
+    with pytest.raises(RunDirBusy, match=r"is in use by pid 4242 on "):
+        with hold_run_dir(tmp_path / "run", foreign_wait_s=30, poll_s=0.01):
+            pass
+    assert time.monotonic() - t < 5                                      # no wait: the holder is alive here
+    assert try_flock(tmp_path / "x.lock") is None                         # busy, not an error
+
+
+def test_a_holder_on_another_host_is_waited_for_a_bounded_time(tmp_path, monkeypatch):
+    """After a node failure its POSIX lock can outlive it on the server for minutes: the requeued job on
+    another node waits for it (one line), then takes it; a holder that stays is busy after the bound."""
+    import errno
+    import fcntl
+
+    from dapo.run_dir import RunDirBusy, hold_run_dir
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.lock").write_text("4242 dead-node-07\n")
+    lines: list[str] = []
+    stale = _failing(errno.EAGAIN, then_ok_after=3)                       # the lock lapses on the 4th try
+    monkeypatch.setattr(fcntl, "lockf", stale)
+    with hold_run_dir(run, foreign_wait_s=30, poll_s=0.01, log=lines.append):
+        assert (run / "run.lock").read_text().split()[0] == str(os.getpid())
+    assert len(stale.calls) == 4 and len(lines) == 1
+    assert "held by pid 4242 on 'dead-node-07', another host" in lines[0] and "waiting up to 30 s" in lines[0]
+    (run / "run.lock").write_text("4242 dead-node-07\n")
+    monkeypatch.setattr(fcntl, "lockf", _failing(errno.EAGAIN))
+    t = time.monotonic()
+    with pytest.raises(RunDirBusy, match=r"in use by pid 4242 on 'dead-node-07' .*still held after 1 s of waiting"):
+        with hold_run_dir(run, foreign_wait_s=1, poll_s=0.05, log=lines.append):
+            pass
+    assert 1 <= time.monotonic() - t < 10
+
+
+def test_dapo_train_and_sweep_submit_on_a_file_system_without_locks_say_so_in_one_line(tmp_path, monkeypatch, capsys):
+    import errno
+    import fcntl
+
+    from dapo import cli, sweep
+    from tests.test_sweep import write_spec
+    monkeypatch.setattr(fcntl, "lockf", _failing(errno.ENOLCK))
+    monkeypatch.setattr(fcntl, "flock", _failing(errno.ENOLCK))
+    rc = cli.train_main([str(REPO / "experiments" / "tiny-random-smoke.yaml"), f"output_dir={tmp_path}",
+                         "--run-dir", str(tmp_path / "run")], train_fn=lambda cfg, run_dir: pytest.fail("trained"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "run.lock: this file system does not support file locks (ENOLCK" in err[0], err
+    rc = sweep.main(["submit", str(write_spec(tmp_path, seeds=[0])), "--output", str(tmp_path / "out")])
+    err = [l for l in capsys.readouterr().err.strip().splitlines() if "Traceback" in l or l.startswith("error:")]
+    assert rc == 1 and len(err) == 1 and "does not support file locks (ENOLCK" in err[0], err
+
+
+# =========================================================================== several GPU jobs, one sqlite store
+def test_a_gpu_sweep_running_jobs_together_on_a_sqlite_store_is_refused_with_the_server_command(tmp_path, capsys):
+    """sweeps/table1.yaml runs 2 jobs of 16 nodes at a time; with the example profile (no tracking_uri) both
+    would write <output>/mlruns.db on the cluster's shared file system. `dapo sweep submit` refuses in one
+    line naming the command that starts a tracking server; --dry-run warns; a server URI passes this check."""
+    from dapo import sweep
+    out = tmp_path / "out"
+    args = ["submit", str(REPO / "sweeps" / "table1.yaml"), "--cluster", "example-gpu-cluster", "--output", str(out)]
+    assert sweep.main(args) == 2
+    err = [l for l in capsys.readouterr().err.strip().splitlines() if l.startswith("error") or "Traceback" in l]
+    assert len(err) == 1 and err[0].startswith("error: ") and "2 GPU jobs at a time" in err[0], err
+    assert f"sqlite MLflow store ({out / 'mlruns.db'})" in err[0]
+    assert f"python -m dapo.mlflow_server --root {out} --host" in err[0] and "max_concurrent: 1" in err[0]
+    assert not (out / "sweeps" / "table1" / "submissions.json").exists()    # nothing submitted
+    assert sweep.main([*args, "--dry-run"]) == 0
+    assert "warning: submitting would be refused: " in capsys.readouterr().out
+    # a tracking server instead: this check passes (the next one finds no server answering: nothing submitted)
+    assert sweep.main([*args, "--set", "logging.tracking_uri=http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert "GPU jobs at a time" not in err and "http://127.0.0.1:9" in err
+    assert not (out / "sweeps" / "table1" / "submissions.json").exists()
