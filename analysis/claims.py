@@ -81,7 +81,7 @@ gives a direction, but in prose mostly the everyday one: "the eval seed differs 
 
 _WORD_RE = {k: re.compile(r"(?<![\w-])(?:" + v + r")(?![\w-])", re.I) for k, v in VERDICT_WORDS.items()}
 
-ABBREVIATIONS = ("e.g.", "i.e.", "vs.", "cf.", "fig.", "figs.", "eq.", "al.", "no.", "approx.", "resp.")
+ABBREVIATIONS = ("e.g.", "i.e.", "vs.", "cf.", "fig.", "figs.", "eq.", "al.", "no.", "approx.", "resp.", "dr.", "et al.")
 """A period ending one of these does not end a sentence."""
 
 _IMPERATIVE_FORMS = {"reproduce", "replicate", "harm", "contradict", "exclude", "act", "learn", "move", "fall",

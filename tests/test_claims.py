@@ -56,7 +56,8 @@ def test_a_bold_run_in_heading_is_one_unit_with_its_sentence():
 
 
 def test_sentences_are_split_and_located():
-    md = "First line, nothing here.\nThe soft punishment harms here. It costs\n2.8 points, e.g. on arith-eval.\n"
+    md = ("First line, nothing here.\nThe soft punishment harms here. It costs\n2.8 points, e.g. on arith-eval, "
+          "vs. Dr. GRPO's.\n")
     fl = check_text(md)
     assert [(f.line, f.text) for f in fl] == [(2, "The soft punishment harms here.")]
 
