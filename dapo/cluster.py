@@ -13,6 +13,8 @@ environment of a job script, and the python that runs it::
     python: /shared/dapo-lab/.venv/bin/python
     env: {NCCL_DEBUG: WARN}
     gpu_memory_gib: 79.6                 # one GPU's memory: `dapo plan` and `sweep submit` budget against it
+    gpu: H100-SXM                        # its model: `dapo plan` prices the update at its peak (dapo.plan.GPU_PEAKS)
+    gpu_peak_tflops: 989                 # or state the dense bf16 peak itself (needed for a GPU not in that table)
     tracking_uri: http://mlflow.lab.example:5000   # every job logs here (see slurm/README.md)
     tracking_password_file: ~/.dapo/mlflow-password   # or tracking_password_env: VAR; never in the URI
 
@@ -61,13 +63,16 @@ class ClusterProfile:
     env: dict[str, str] = field(default_factory=dict)
     signal_delay_s: int = 120
     gpu_memory_gib: float | None = None       # memory of one GPU (what `dapo plan` budgets against)
+    gpu: str | None = None                    # its model (H100-SXM, H20, ...): `dapo plan` looks up its peak
+    gpu_peak_tflops: float | None = None      # its dense bf16 peak, TFLOP/s (overrides the table)
     tracking_uri: str | None = None           # MLflow server / database every job of a sweep logs to
     tracking_password_env: str | None = None  # names the variable holding its password (never the URI)
     tracking_password_file: str | None = None  # names the file holding it
 
 
 _PROFILE_KEYS = {"name", "description", "executor", "partition", "account", "qos", "constraint", "limits",
-                 "max_array_parallel", "setup", "python", "env", "signal_delay_s", "gpu_memory_gib",
+                 "max_array_parallel", "setup", "python", "env", "signal_delay_s", "gpu_memory_gib", "gpu",
+                 "gpu_peak_tflops",
                  "tracking_uri", "tracking_password_env", "tracking_password_file"}
 _TRACKING_SCHEMES = {"http", "https", "postgresql", "mysql", "mssql", "sqlite"}   # SQLAlchemy: no postgres://
 _LIMIT_KEYS = {"nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "time_min"}
@@ -149,6 +154,12 @@ def load_profile(name: str | os.PathLike) -> ClusterProfile:
     gpu_mem = check_number(raw.get("gpu_memory_gib"), "gpu_memory_gib", where, allow_none=True)
     if gpu_mem is not None and gpu_mem <= 0:
         raise ConfigError(f"{where}: gpu_memory_gib = {show(gpu_mem)}: expected a number > 0")
+    gpu = raw.get("gpu")
+    if gpu is not None and (not isinstance(gpu, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}", gpu)):
+        raise ConfigError(f"{where}: gpu = {show(gpu)}: expected a GPU model name such as H100-SXM or H20")
+    peak = check_number(raw.get("gpu_peak_tflops"), "gpu_peak_tflops", where, allow_none=True)
+    if peak is not None and peak <= 0:
+        raise ConfigError(f"{where}: gpu_peak_tflops = {show(peak)}: expected a number > 0 (dense bf16 TFLOP/s)")
     python = raw.get("python")
     if python is not None and (not isinstance(python, str) or any(c in python for c in "\n\r\0") or not python):
         raise ConfigError(f"{where}: python = {show(python)}: expected the path of a python interpreter")
@@ -164,7 +175,7 @@ def load_profile(name: str | os.PathLike) -> ClusterProfile:
         max_array_parallel=check_int(raw.get("max_array_parallel", 1), "max_array_parallel", where, lo=1),
         setup=tuple(setup), python=python, env={k: str(v) for k, v in env.items()},
         signal_delay_s=check_int(raw.get("signal_delay_s", 120), "signal_delay_s", where, lo=1),
-        gpu_memory_gib=gpu_mem, **tracking)
+        gpu_memory_gib=gpu_mem, gpu=gpu, gpu_peak_tflops=peak, **tracking)
 
 
 def _tracking_keys(raw: dict, where: str) -> dict[str, str | None]:

@@ -28,6 +28,10 @@ than one full-length response at a single sequence's decode speed; the update at
 ``(6 + 2·checkpointing)·P`` FLOP per trained token (+ ``2·P`` for the old-log-prob forward when a
 batch feeds several optimizer steps) and a stated MFU; the weight sync as one all-gather of the
 model in the rollout dtype (bf16) (sleep level 2 drops vLLM's weights; the push refills them).
+The peak is the cluster profile's GPU's (:func:`gpu_peak`: ``gpu_peak_tflops``, else ``gpu`` looked up
+in :data:`GPU_PEAKS`; an unknown GPU without a stated peak is refused; ``--peak-tflops`` overrides both).
+Evaluation (:func:`eval_time`): every ``eval.every`` steps (and at the start and the end), the eval sets'
+problems × ``eval.k`` samples generated like a rollout round, amortized per step.
 Checkpoints (:func:`checkpoint_time`): what the loop waits for each one, synchronous or
 ``checkpoint.async_save``, amortized per step, and the host memory an asynchronous one holds.
 """
@@ -46,8 +50,8 @@ from typing import Optional
 from dapo.config import Config, ConfigError, load_config
 from dapo.helptext import help_text
 
-__all__ = ["ModelShape", "KNOWN_MODELS", "model_shape", "Assumptions", "Term", "Plan", "memory_plan",
-           "step_time", "checkpoint_time", "render", "render_checkpoints", "check_fits", "check_sweep", "main"]
+__all__ = ["ModelShape", "KNOWN_MODELS", "model_shape", "Assumptions", "GPU_PEAKS", "gpu_peak", "Term", "Plan",
+           "memory_plan", "step_time", "eval_time", "checkpoint_time", "render", "render_checkpoints", "check_fits", "check_sweep", "main"]
 
 GiB = 2 ** 30
 
@@ -158,7 +162,7 @@ def model_shape(path: str) -> ModelShape:
 @dataclass(frozen=True)
 class Assumptions:
     """Every number the plan takes on faith (each is a `dapo plan` flag)."""
-    peak_tflops: float = 989.0           # dense bf16 peak of one H100 SXM (NVIDIA's data sheet)
+    peak_tflops: float = 989.0           # dense bf16 peak of one GPU: the profile's (gpu_peak), else an H100 SXM's
     mfu: float = 0.35                    # update FLOP utilisation (large FSDP runs report 30-45%)
     decode_tps_32b: float = 2500.0       # vLLM decode tokens/s per GPU for a 32B model, large batches;
                                          # scaled by 32.76B / P for other sizes (decode is memory-bound)
@@ -174,6 +178,7 @@ class Assumptions:
                                          # and KV cache; the next weight push refills them)
     fs_write_gbs: float = 10.0           # GB/s all ranks together write checkpoint shards to the shared FS
     d2h_gbs: float = 20.0                # GB/s per GPU of the device-to-host copy (async checkpoints)
+    eval_problems: Optional[float] = None   # problems per evaluation; None: counted from eval.datasets
 
     def check(self) -> "Assumptions":
         """Every assumption finite and in its range (a zero MFU would divide by zero, a negative overhead
@@ -183,7 +188,7 @@ class Assumptions:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             flag = "--" + f.name.replace("_", "-")
-            if v is None and f.name == "mean_response_tokens":
+            if v is None and f.name in ("mean_response_tokens", "eval_problems"):
                 continue
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 raise ConfigError(f"{flag} = {v!r}: expected a finite number")
@@ -203,6 +208,38 @@ class Assumptions:
     def response_tokens(self, cfg: Config) -> float:
         return self.mean_response_tokens if self.mean_response_tokens is not None else \
             min(4000.0, cfg.rollout.max_new_tokens / 2)
+
+
+#: Dense (no sparsity) bf16 tensor-core peak of one GPU, TFLOP/s, from NVIDIA's data sheets. Keys are
+#: compared without case, spaces, dashes or dots ("H100 SXM" = "h100-sxm"); a bare "H100" is the SXM part.
+GPU_PEAKS: dict[str, float] = {
+    "H100-SXM": 989.0, "H100": 989.0, "H100-NVL": 835.0, "H100-PCIe": 756.0, "H800": 989.0,
+    "H200": 989.0, "GH200": 989.0, "H20": 148.0, "B200": 2250.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0,
+}
+
+
+def _gpu_key(name: str) -> str:
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
+def gpu_peak(profile) -> tuple[float, str]:
+    """(dense bf16 TFLOP/s of one of the profile's GPUs, where that number comes from).
+
+    ``gpu_peak_tflops`` if the profile states it; else its ``gpu`` looked up in :data:`GPU_PEAKS`; a GPU not
+    there is refused (ConfigError: state its peak). A profile that names no GPU gets an H100 SXM's peak,
+    said so in the returned source (the plan prints it)."""
+    where = f"cluster profile {profile.name!r} ({profile.path or 'embedded'})"
+    gpu = getattr(profile, "gpu", None)
+    stated = getattr(profile, "gpu_peak_tflops", None)
+    if stated is not None:
+        return float(stated), f"the profile's gpu_peak_tflops" + (f" ({gpu})" if gpu else "")
+    if gpu is None:
+        return GPU_PEAKS["H100-SXM"], "an H100 SXM's: the profile names no gpu (add gpu: or gpu_peak_tflops: to it)"
+    peaks = {_gpu_key(k): v for k, v in GPU_PEAKS.items()}
+    if _gpu_key(gpu) not in peaks:
+        raise ConfigError(f"{where}: gpu = {gpu!r} has no known peak: add gpu_peak_tflops: <its dense bf16 "
+                          f"TFLOP/s> to the profile, or pass --peak-tflops (known: {', '.join(GPU_PEAKS)})")
+    return peaks[_gpu_key(gpu)], f"the profile's gpu {gpu}, dapo.plan.GPU_PEAKS"
 
 
 # --------------------------------------------------------------------------- memory
@@ -360,6 +397,45 @@ def step_time(cfg: Config, shape: ModelShape, a: Assumptions = Assumptions()) ->
             "step_s": gen_s + update_s + sync_s}
 
 
+def eval_problems(cfg: Config, a: Assumptions = Assumptions()) -> float:
+    """Problems one evaluation generates for: ``--eval-problems``, else each eval set's ``limit`` or its
+    row count (the registry's shipped sets are read; plain Python, no torch)."""
+    if a.eval_problems is not None:
+        return a.eval_problems
+    from dapo.data import load_dataset
+    n = 0
+    for i, d in enumerate(cfg.eval.datasets):
+        if d.limit is not None:
+            n += d.limit
+            continue
+        try:
+            n += load_dataset(d.name)[1].kept
+        except Exception as exc:   # an hf: set offline, a missing file: the plan cannot count it
+            raise ConfigError(f"eval.datasets[{i}].name = {d.name!r}: dapo plan cannot count its problems ({exc}); "
+                              f"pass --eval-problems N") from None
+    return float(n)
+
+
+def eval_time(cfg: Config, shape: ModelShape, a: Assumptions = Assumptions(),
+              problems: Optional[float] = None) -> dict[str, float]:
+    """Evaluation's cost (``dapo.evaluate``): ``eval.k`` samples of each problem, generated like a rollout
+    round on every GPU: the tokens at the decode throughput, but no shorter than one response of the eval
+    cap (``eval.max_new_tokens`` or ``rollout.max_new_tokens``) at one sequence's speed. The loop evaluates
+    at the start (``eval.at_start``), every ``eval.every`` steps and at the end. Keys: problems, tokens (per
+    evaluation), each_s, evals (in the run), per_step_s (amortized over ``train.rollout_steps``). Pure
+    (``problems`` given; None counts them, :func:`eval_problems`)."""
+    e, steps = cfg.eval, cfg.train.rollout_steps
+    gpus = cfg.launch.num_nodes * cfg.launch.num_processes
+    n = eval_problems(cfg, a) if problems is None else problems
+    cap = e.max_new_tokens or cfg.rollout.max_new_tokens
+    resp = a.mean_response_tokens if a.mean_response_tokens is not None else min(4000.0, cap / 2)
+    tokens = n * e.k * resp
+    each = max(tokens / (gpus * a.decode_tps(shape.params)), cap / a.seq_decode_tps) if tokens else 0.0
+    evals = int(e.at_start) + (steps // e.every if e.every else 0) + (1 if not e.every or steps % e.every else 0)
+    return {"problems": n, "tokens": tokens, "each_s": each, "evals": evals,
+            "per_step_s": each * evals / max(steps, 1)}
+
+
 def checkpoint_time(cfg: Config, shape: ModelShape, step_s: float, a: Assumptions = Assumptions()) -> dict[str, float]:
     """What checkpoints cost the loop (``dapo.checkpoint``). Pure.
 
@@ -410,7 +486,8 @@ def overlapped_step_time(cfg: Config, shape: ModelShape, a: Assumptions = Assump
 
 
 # --------------------------------------------------------------------------- output
-def render(plan: Plan, times: dict[str, float], a: Assumptions, where: str) -> list[str]:
+def render(plan: Plan, times: dict[str, float], a: Assumptions, where: str, ev: Optional[dict[str, float]] = None,
+           peak_source: str = "--peak-tflops") -> list[str]:
     cfg, s, r, L = plan.cfg, plan.shape, plan.cfg.rollout, plan.cfg.launch
     g = lambda b: f"{b / GiB:7.2f}"  # noqa: E731
     engines = plan.gpus // r.tensor_parallel_size
@@ -444,14 +521,38 @@ def render(plan: Plan, times: dict[str, float], a: Assumptions, where: str) -> l
             f"{r.max_new_tokens}-token response at {a.seq_decode_tps:.0f} tok/s ({t['round_s']:.0f} s a round)",
             f"  {t['update_s']:8.0f}  update: {t['update_flop']:.3g} FLOP ({6 + 2 * cfg.model.gradient_checkpointing}·P "
             f"per trained token{' + 2·P old-log-prob forward' if cfg.grad_steps_per_rollout > 1 else ''}, "
-            f"{t['trained_tokens'] / 1e6:.1f} M tokens) at {a.mfu:.0%} of {a.peak_tflops:.0f} TFLOP/s",
+            f"{t['trained_tokens'] / 1e6:.1f} M tokens) at {a.mfu:.0%} of {a.peak_tflops:.0f} TFLOP/s (peak: {peak_source})",
             f"  {t['sync_s']:8.1f}  weight sync: the {2 * s.params / 1e9:.1f} GB bf16 model all-gathered at "
             f"{a.allgather_gbs} GB/s per GPU",
-            f"  {t['step_s']:8.0f}  step; {cfg.train.rollout_steps} steps ≈ {t['step_s'] * cfg.train.rollout_steps / 3600:.1f} h "
-            f"= {t['step_s'] * cfg.train.rollout_steps / 3600 * plan.gpus:,.0f} GPU-hours (eval and checkpoints not counted)",
+            f"  {t['step_s']:8.0f}  step",
+            *render_eval(cfg, ev, a),
+            *render_run(cfg, t, ev, plan.gpus),
             *render_checkpoints(cfg, checkpoint_time(cfg, s, t["step_s"], a), a),
             "", "assumptions: " + ", ".join(f"{f.name}={getattr(a, f.name)}" for f in dataclasses.fields(a))]
     return out
+
+
+def render_eval(cfg: Config, ev: Optional[dict[str, float]], a: Assumptions) -> list[str]:
+    """The evaluation line of the plan (:func:`eval_time`); none when it was not priced."""
+    if ev is None:
+        return []
+    e = cfg.eval
+    cap = e.max_new_tokens or cfg.rollout.max_new_tokens
+    return [f"  {ev['per_step_s']:8.0f}  evaluation, per step amortized: {ev['evals']} evaluations in the run "
+            f"(every {e.every} steps{', the start' if e.at_start else ''} and the end), each {ev['problems']:.0f} "
+            f"problems × {e.k} samples = {ev['tokens'] / 1e6:.2f} M tokens, {ev['each_s']:.0f} s (no shorter than "
+            f"one {cap}-token response at {a.seq_decode_tps:.0f} tok/s)"]
+
+
+def render_run(cfg: Config, t: dict[str, float], ev: Optional[dict[str, float]], gpus: int) -> list[str]:
+    """The run's total: steps + evaluation (checkpoints: their own section)."""
+    steps = cfg.train.rollout_steps
+    ev_s = ev["per_step_s"] if ev else 0.0
+    hours = (t["step_s"] + ev_s) * steps / 3600
+    counted = f"evaluation {ev_s / (t['step_s'] + ev_s):.0%} of it; checkpoints not counted" if ev else \
+        "evaluation and checkpoints not counted"
+    return [f"  {t['step_s'] + ev_s:8.0f}  step with evaluation; {steps} steps ≈ {hours:.1f} h = "
+            f"{hours * gpus:,.0f} GPU-hours ({counted})"]
 
 
 def render_checkpoints(cfg: Config, ck: dict[str, float], a: Assumptions) -> list[str]:
@@ -561,8 +662,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also price the one-step-off layout (generation beside the update, on separate GPUs)")
     d = Assumptions()
     for f in dataclasses.fields(Assumptions):
-        p.add_argument("--" + f.name.replace("_", "-"), type=float, default=getattr(d, f.name),
-                       help=f"assumption (default {getattr(d, f.name)})")
+        default = None if f.name == "peak_tflops" else getattr(d, f.name)
+        p.add_argument("--" + f.name.replace("_", "-"), type=float, default=default,
+                       help="assumption (default: the cluster profile's GPU, dapo.plan.gpu_peak)"
+                       if f.name == "peak_tflops" else f"assumption (default {default})")
     return p
 
 
@@ -572,14 +675,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(a.experiment, a.overrides)
         profile = load_profile(a.cluster)
-        assume = Assumptions(**{f.name: getattr(a, f.name) for f in dataclasses.fields(Assumptions)})
+        peak, peak_source = (a.peak_tflops, "--peak-tflops") if a.peak_tflops is not None else gpu_peak(profile)
+        assume = Assumptions(**{f.name: getattr(a, f.name) for f in dataclasses.fields(Assumptions)
+                                if f.name != "peak_tflops"}, peak_tflops=peak)
         plan = check_fits(cfg, profile, assume)
+        ev = eval_time(cfg, plan.shape, assume)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     where = f"{a.experiment}{' ' + ' '.join(a.overrides) if a.overrides else ''} on {profile.name}"
     times = step_time(cfg, plan.shape, assume)
-    print("\n".join(render(plan, times, assume, where)))
+    print("\n".join(render(plan, times, assume, where, ev, peak_source)))
     if a.layout == "overlapped":
         print("\n".join(render_overlapped(overlapped_step_time(cfg, plan.shape, assume), times)))
     print(verdict(plan))

@@ -117,6 +117,61 @@ def test_shipped_gpu_experiments_fit_the_example_profile(exp):
     assert "assumptions: peak_tflops=989.0" in p.stdout and "not a measurement" in p.stdout
 
 
+def _profile(tmp_path, name: str, lines: str, memory: float = 79.6) -> Path:
+    """The example GPU profile with another name, GPU memory and extra lines (gpu:, gpu_peak_tflops:)."""
+    text = (REPO / "slurm" / "example-gpu-cluster.yaml").read_text()
+    text = re.sub(r"(?m)^name: .*$", f"name: {name}", text)
+    text = re.sub(r"(?m)^gpu_memory_gib: [0-9.]+", f"gpu_memory_gib: {memory}", text)
+    text = re.sub(r"(?m)^(gpu|gpu_peak_tflops): .*\n", "", text) + lines
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_an_h20_profile_prices_its_own_peak_and_counts_evaluation(tmp_path):
+    """Issue 38, defect 7: every GPU was priced as an H100 (989 TFLOP/s): 769 s a step on H20-96G where
+    148 TFLOP/s gives about 2,215 s; and evaluation (AIME 2024, 32 samples, every 5 steps) was not counted."""
+    prof = _profile(tmp_path, "h20-cluster", "gpu: H20\n", memory=95.0)
+    p = _run(str(EXP32), "--cluster", str(prof))
+    assert p.returncode == 0, p.stdout + p.stderr
+    cfg = load_config(EXP32)
+    shape = plan.model_shape(cfg.model.path)
+    flop = plan.step_time(cfg, shape)["update_flop"]
+    update_s = flop / (128 * 148e12 * 0.35)
+    assert update_s == pytest.approx(1700, abs=1)
+    assert re.search(rf"^\s+{update_s:.0f}  update: .* at 35% of 148 TFLOP/s \(peak: the profile's gpu H20", p.stdout, re.M)
+    step = re.search(r"^\s+(\d+)  step$", p.stdout, re.M)
+    assert step and 2200 <= int(step.group(1)) <= 2230, p.stdout            # 512 generation + 1700 + 2.6 sync
+    # evaluation: at the start, every 5 of 300 steps (the last one included): 61 × 512 s (the one-response tail)
+    ev = plan.eval_time(cfg, shape, plan.Assumptions(peak_tflops=148.0))
+    assert (ev["problems"], ev["evals"], ev["each_s"]) == (30, 61, 512.0)
+    assert ev["per_step_s"] == pytest.approx(61 * 512 / 300)
+    assert re.search(r"^\s+104  evaluation, per step amortized: 61 evaluations", p.stdout, re.M), p.stdout
+    assert "evaluation 4% of it" in p.stdout and "assumptions: peak_tflops=148.0" in p.stdout
+
+
+def test_an_unknown_gpu_without_a_stated_peak_is_one_error_and_a_stated_peak_is_used(tmp_path):
+    p = _run(str(EXP32), "--cluster", str(_profile(tmp_path, "odd", "gpu: X9000\n")))
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "gpu = 'X9000' has no known peak: add gpu_peak_tflops:" in p.stderr
+    p = _run(str(EXP32), "--cluster", str(_profile(tmp_path, "odd2", "gpu: X9000\ngpu_peak_tflops: 500\n")))
+    assert p.returncode == 0 and "of 500 TFLOP/s (peak: the profile's gpu_peak_tflops (X9000))" in p.stdout
+    p = _run(str(EXP32), "--cluster", str(_profile(tmp_path, "odd3", "gpu: X9000\n")), "--peak-tflops", "300")
+    assert p.returncode == 0 and "of 300 TFLOP/s (peak: --peak-tflops)" in p.stdout
+    assert plan.gpu_peak(load_profile(_profile(tmp_path, "sxm", "gpu: h100 sxm\n")))[0] == 989.0
+    with pytest.raises(ConfigError, match="gpu_peak_tflops = -1"):
+        load_profile(_profile(tmp_path, "neg", "gpu_peak_tflops: -1\n"))
+
+
+def test_evaluation_count_follows_every_at_start_and_the_limit():
+    cfg = load_config(EXP32, ["eval.every=7", "eval.at_start=false", "eval.datasets=[{name: aime24, limit: 10}]",
+                              "eval.k=4", "train.rollout_steps=20"])
+    ev = plan.eval_time(cfg, plan.model_shape(cfg.model.path))
+    assert (ev["problems"], ev["evals"], ev["tokens"]) == (10, 3, 10 * 4 * 4000)     # steps 7, 14 and the end, 20
+    cfg = load_config(EXP32, ["eval.every=0", "train.rollout_steps=20"])
+    assert plan.eval_time(cfg, plan.model_shape(cfg.model.path), problems=30)["evals"] == 2   # start and end
+
+
 @pytest.mark.parametrize("override, term, knob", [
     ("train.max_tokens_per_micro_batch=90112", "activations: layer checkpoints", "train.max_tokens_per_micro_batch"),
     ("train.max_tokens_per_micro_batch=null", "activations: layer checkpoints", "train.max_tokens_per_micro_batch"),
