@@ -768,13 +768,13 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
     if not todo:
         log("nothing to submit: every run is finished or still queued")
         return record
+    if shared:   # before the declaration: a refused submission declares nothing
+        raise ConfigError(shared)
     if declare is not None:
         spec = declare(spec)
         todo = [dataclasses.replace(j, config=dataclasses.replace(
             j.config, logging=dataclasses.replace(j.config.logging, declaration=spec.declaration)))
             for j in todo]
-    if shared:
-        raise ConfigError(shared)
     _check_tracking(todo, profile)
     _init_tracking(todo, profile)
     folder = out / "sweeps" / spec.name / "submitit" / record["id"]
