@@ -341,7 +341,7 @@ def extrapolation_table(points: pd.DataFrame, axis: str, scale: float = 100.0, a
 # --------------------------------------------------------------------------- paired comparisons
 COMPARE_COLUMNS = ["comparison", "off", "on", "pairs", "saturated_pairs", "A_off", "A_on", "dA", "dA_lo", "dA_hi",
                    "dA_level", "dA_p", "dA_p_tost", "A_margin", "A_verdict", "dlogC", "dlogC_lo", "dlogC_hi",
-                   "dlogC_p", "dlogC_p_tost", "C_verdict", "dB", "level", "method"]
+                   "dlogC_p", "dlogC_p_tost", "C_verdict", "dB", "level", "method", "dA_q", "dlogC_q"]
 NOT_SATURATED = "not decidable: curves not saturated"
 
 
@@ -356,7 +356,8 @@ def compare_curves(fits: pd.DataFrame, pairs: list[tuple[str, str, str]], *, mar
     (exploratory): A "raises the ceiling" / "lowers the ceiling" / "bounded null" / "inconclusive";
     C_mid "reaches it sooner" (smaller C_mid) / "reaches it later" / "bounded null" / "inconclusive".
     When any paired seed's run is not saturated both verdicts are :data:`NOT_SATURATED` and the
-    differences are computed over the saturated pairs only, for description.
+    differences are computed over the saturated pairs only, for description. dA_q, dlogC_q: the
+    Benjamini–Hochberg q of each p over the rows (a lead when q ≤ 0.10, as for every exploratory table).
     """
     rows = []
     for label, off, on in pairs:
@@ -382,7 +383,20 @@ def compare_curves(fits: pd.DataFrame, pairs: list[tuple[str, str, str]], *, mar
                      "dA_p_tost": dA.p_tost, "A_margin": margin if margin is not None else np.nan, "A_verdict": va,
                      "dlogC": dC.mean, "dlogC_lo": dC.lo, "dlogC_hi": dC.hi, "dlogC_p": dC.p,
                      "dlogC_p_tost": dC.p_tost, "C_verdict": vc, "dB": dB, "level": dA.level, "method": dA.method})
-    return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+    out = pd.DataFrame(rows, columns=[c for c in COMPARE_COLUMNS if c not in ("dA_q", "dlogC_q")])
+    out["dA_q"], out["dlogC_q"] = _bh(out["dA_p"]), _bh(out["dlogC_p"])
+    return out[COMPARE_COLUMNS]
+
+
+def _bh(p: pd.Series) -> np.ndarray:
+    """Benjamini–Hochberg q of the finite p-values among the rows (statsmodels ``multipletests``); NaN elsewhere."""
+    from statsmodels.stats.multitest import multipletests
+    v = p.to_numpy(dtype=float)
+    q = np.full(v.shape, np.nan)
+    ok = np.isfinite(v)
+    if ok.any():
+        q[ok] = multipletests(v[ok], method="fdr_bh")[1]
+    return q
 
 
 # --------------------------------------------------------------------------- the figure
@@ -452,7 +466,8 @@ CURVES_NOTE = (
     f"{100 * SATURATION:.0f}% of its rise A − R₀ is reached by the run's last evaluation; otherwise A is an "
     "extrapolation and no ceiling is read from it. Flat: a fit that moves less than "
     f"{FLAT_RISE:g} point over the run. Comparisons pair the arms' A and log₁₀ C_mid by seed (exact sign-flip interval and "
-    "test; TOST against the metric's margin for A and ±log₁₀ 1.25 for C_mid), exploratory (unadjusted p); a "
+    "test; TOST against the metric's margin for A and ±log₁₀ 1.25 for C_mid), exploratory (unadjusted p; q: "
+    "Benjamini–Hochberg over the table's rows); a "
     "comparison with any paired seed's run not saturated gets no verdict: dropping those seeds would select "
     "seeds by their outcome. Extrapolation: each run fitted on the first half of its compute, predicted on "
     "the second; error = predicted − observed. docs/STATISTICS.md, \"Compute curves\".")
@@ -569,12 +584,12 @@ def curves_section(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None, o
             "saturated pairs": [f"{s} of {n}" for s, n in zip(comp["saturated_pairs"], comp["pairs"])],
             f"ΔA{unit}{head_iv}": [f"{_f(m, 1, True)} [{_f(lo, 1, True)}, {_f(hi, 1, True)}]" if np.isfinite(m) else "–"
                                    for m, lo, hi in zip(comp["dA"], comp["dA_lo"], comp["dA_hi"])],
-            "p (A)": [format_p(p) for p in comp["dA_p"]],
+            "p (A), q": [f"{format_p(p)}, {format_p(q)}" for p, q in zip(comp["dA_p"], comp["dA_q"])],
             "ceiling": comp["A_verdict"],
             f"Δlog₁₀ C_mid{head_iv}": [f"{_f(m, 2, True)} [{_f(lo, 2, True)}, {_f(hi, 2, True)}]"
                                        if np.isfinite(m) else "–"
                                        for m, lo, hi in zip(comp["dlogC"], comp["dlogC_lo"], comp["dlogC_hi"])],
-            "p (C_mid)": [format_p(p) for p in comp["dlogC_p"]],
+            "p (C_mid), q": [f"{format_p(p)}, {format_p(q)}" for p, q in zip(comp["dlogC_p"], comp["dlogC_q"])],
             "efficiency": comp["C_verdict"],
         })
         lines += [to_markdown(shown), ""]

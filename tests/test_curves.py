@@ -138,6 +138,10 @@ def test_compare_raises_the_ceiling_and_reaches_it_sooner():
     assert r["dA"] == pytest.approx(4.5) and r["dA_lo"] == pytest.approx(2) and r["dA_hi"] == pytest.approx(7)
     assert r["dA_p"] == pytest.approx(2 / 64) and r["A_verdict"] == "raises the ceiling"
     assert r["dlogC_p"] == pytest.approx(2 / 64) and r["C_verdict"] == "reaches it sooner"
+    assert r["dA_q"] == pytest.approx(r["dA_p"])                  # one row: q = p
+    # two rows, the second comparing an arm with itself (p = 1): BH q of 2/64 is 2 · 2/64 / 1
+    two = compare_curves(_fits(A_off, A_on, [1e4] * 6, [5e3] * 6), [("b vs a", "a", "b"), ("a vs a", "a", "a")])
+    assert two["dA_p"].tolist() == pytest.approx([2 / 64, 1.0]) and two["dA_q"].tolist() == pytest.approx([4 / 64, 1.0])
     # swapped: lowers the ceiling, reaches it later
     back = compare_curves(_fits(A_on, A_off, [5e3, 4e3, 6e3, 5e3, 5e3, 5e3], [1e4] * 6), [("a vs b", "a", "b")])
     assert back.iloc[0]["A_verdict"] == "lowers the ceiling" and back.iloc[0]["C_verdict"] == "reaches it later"
