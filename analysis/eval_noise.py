@@ -40,7 +40,7 @@ from dapo.config import flatten
 
 from .metric_names import EVAL_RE, metric_scale, metric_short, primary_metric
 from .runs import PROBLEM_COLUMNS, SweepInfo, normalize_problems
-from .stats import ALPHA, run_finals, sd_interval
+from .stats import ALPHA, final_points, run_finals, sd_interval
 
 __all__ = ["Step0Noise", "step0_noise", "problems_from_runs", "records_noise", "records_summary",
            "hierarchical_diff_ci", "noise_table", "noise_section", "k_needed", "NOISE_NOTE", "START_KEYS",
@@ -241,8 +241,8 @@ def _rms(x) -> float:
 
 
 def _last_steps(frame: pd.DataFrame, final_k: int) -> pd.DataFrame:
-    """The rows at each run's last ``final_k`` distinct steps."""
-    steps = frame[["run", "step"]].drop_duplicates().sort_values(["run", "step"])
+    """The rows at each run's last ``final_k`` distinct steps after step 0 (never the untrained model's)."""
+    steps = frame.loc[frame["step"] > 0, ["run", "step"]].drop_duplicates().sort_values(["run", "step"])
     keep = steps.groupby("run", sort=False).tail(final_k)
     return frame.merge(keep, on=["run", "step"], how="inner")
 
@@ -328,8 +328,7 @@ comparison when there is none); the step-0, k' and records columns are the same 
 def _final_problem_rows(problems: pd.DataFrame, tidy: pd.DataFrame, metric: str, final_k: int) -> pd.DataFrame:
     """The problem rows of each run's final evaluations as the tidy table counts them (its last final_k
     points of ``metric``), keeping only runs whose records hold all of them."""
-    d = tidy.loc[tidy["metric"] == metric, ["run", "grad_step", "rollout_step"]]
-    d = d.sort_values(["run", "grad_step"], kind="stable").groupby("run", sort=False).tail(final_k)
+    d = final_points(tidy.loc[tidy["metric"] == metric, ["run", "grad_step", "rollout_step"]], final_k, metric)
     want = d.dropna(subset=["rollout_step"]).assign(step=lambda f: f["rollout_step"].astype("int64"))[["run", "step"]]
     have = problems.merge(want, on=["run", "step"], how="inner")
     got = have.groupby("run")["step"].nunique()

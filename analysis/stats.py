@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["Interval", "bootstrap_ci", "t_interval", "sign_flip_interval", "diff_interval", "seed_band",
-           "run_finals", "per_run_curve", "PairedDiff", "paired_diff", "sign_flip_p", "t_test_p", "tost_p", "holm",
+           "run_finals", "final_points", "FinalKError", "per_run_curve", "PairedDiff", "paired_diff", "sign_flip_p", "t_test_p", "tost_p", "holm",
            "sd_interval", "sign_flip_power", "seeds_needed", "seeds_needed_sign_flip", "min_pairs_sign_flip",
            "effect_verdict", "level_verdict", "interval_label", "SEEDS_NEEDED_METHOD", "BAND_METHOD",
            "EXACT_MAX_N", "ALPHA"]
@@ -204,11 +204,32 @@ def seed_band(tidy: pd.DataFrame, metric: str, x: str = "grad_step", *, arms=Non
     return pd.concat(frames, ignore_index=True)[cols]
 
 
+class FinalKError(ValueError):
+    """A ``final_k`` the runs cannot supply: fewer evaluations after step 0 than final values average."""
+
+
+def final_points(d: pd.DataFrame, final_k: int, metric: str = "metric") -> pd.DataFrame:
+    """The rows of each run's last ``final_k`` points of ``d`` (one metric: columns run, grad_step),
+    never its step-0 point (the untrained model is a start, not a final value).
+
+    Raises :class:`FinalKError` when no run has ``final_k`` points after step 0 (final values would mean
+    fewer evaluations than they say); a run with some but fewer (still running) averages those it has."""
+    if final_k < 1:
+        raise FinalKError(f"final_k {final_k}: expected an integer >= 1")
+    after = d[d["grad_step"] > 0].sort_values(["run", "grad_step"], kind="stable")
+    most = int(after.groupby("run", sort=False).size().max()) if len(after) else 0
+    if len(d) and most < final_k:
+        raise FinalKError(f"final_k {final_k}: the runs have at most {most} evaluation{'s' if most != 1 else ''} of "
+                          f"{metric} after step 0 (step 0, the untrained model, is never a final value); "
+                          f"use final_k <= {most}" + (" or wait for the runs to evaluate" if most == 0 else ""))
+    return after.groupby("run", sort=False).tail(final_k)
+
+
 def run_finals(tidy: pd.DataFrame, metric: str, final_k: int = 3) -> pd.DataFrame:
-    """``[arm, run, seed, final, last_step]``: per run, the mean of its last final_k points of metric."""
+    """``[arm, run, seed, final, last_step]``: per run, the mean of its last final_k points of metric
+    after step 0 (:func:`final_points`: a final_k the runs cannot supply is a :class:`FinalKError`)."""
     d = tidy.loc[tidy["metric"] == metric, ["arm", "run", "seed", "grad_step", "value"]]
-    d = d.sort_values(["run", "grad_step"], kind="stable")
-    last = d.groupby("run", sort=False).tail(final_k)
+    last = final_points(d, final_k, metric)
     out = last.groupby(["arm", "run", "seed"], sort=False).agg(
         final=("value", "mean"), last_step=("grad_step", "max")).reset_index()
     return out

@@ -186,6 +186,7 @@ def train_main(argv: list[str], train_fn=None) -> int:
             print(f"already finished: {run_dir}" + (f"\n  browse: {mlflow_ui_command(done['mlflow_uri'])}"
                                                     if isinstance(done.get("mlflow_uri"), str) else ""))
         return 0
+    from dapo.checkpoint import CheckpointError
     from dapo.distributed import CudaUnavailableError
     from dapo.models import CacheBusyError
     from dapo.file_lock import NoLocksError
@@ -207,7 +208,8 @@ def train_main(argv: list[str], train_fn=None) -> int:
     except RunDirBusy as exc:   # raised on entry only: another process trains into this run dir
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (CudaUnavailableError, CacheBusyError) as exc:   # the machine, not the input: one line, status 1
+    except (CudaUnavailableError, CacheBusyError, CheckpointError) as exc:   # the machine or the files, not the
+        # input: one line, status 1 (a checkpoint error names the checkpoint and what is wrong with it)
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:   # Ctrl-C: train() has ended the MLflow run KILLED; the checkpoints stay
