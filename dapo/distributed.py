@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 __all__ = ["DistInfo", "init_distributed", "CudaUnavailableError", "EXPECT_CUDA_ENV", "cuda_expected", "check_cuda", "destroy_distributed", "launcher_world_size",
-           "all_gather_object", "broadcast_object", "barrier", "all_reduce_sum",
+           "all_gather_object", "all_gather_uneven", "broadcast_object", "barrier", "all_reduce_sum",
            "is_sharded", "shard_causal_lm", "final_state_dict", "load_sharded_causal_lm", "clip_grad_norm",
            "full_tensor", "split_for_rank", "rollout_group", "all_gather_strided", "broadcast_bytes_from",
            "cpu_threads", "usable_cpus", "set_cpu_threads"]
@@ -212,6 +212,21 @@ def all_gather_object(obj: Any, world: int, group: Any = None) -> list[Any]:
     out: list[Any] = [None] * world
     dist.all_gather_object(out, obj, group=group)
     return out
+
+
+def all_gather_uneven(values: torch.Tensor, counts: list[int], world: int, group: Any = None) -> list[torch.Tensor]:
+    """Every rank's ``values`` ([..., counts[rank]], the same leading shape and dtype on every rank, on the
+    group's device: CUDA for NCCL), in rank order, on every rank: one ``all_gather`` of tensors padded to the
+    longest (no pickling). ``counts``: every rank's length, which every rank knows beforehand. A collective."""
+    if world == 1:
+        return [values]
+    import torch.distributed as dist
+    m = max(max(counts), 1)
+    mine = values.new_zeros((*values.shape[:-1], m))
+    mine[..., :values.shape[-1]] = values
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine, group=group)
+    return [p[..., :c] for p, c in zip(parts, counts)]
 
 
 def all_gather_strided(values: torch.Tensor, n: int, rank: int, world: int, group: Any = None) -> torch.Tensor:

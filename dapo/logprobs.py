@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["pack", "pack_flat", "ffd_rows", "layer_costs", "packed_row_len", "ROW_CAP_FACTORS", "response_logits", "ResponseLogits", "response_forward", "ROWWISE_ATTENTION", "filler_forward",
            "logit_temperature", "logit_options", "token_logprobs", "token_entropy", "length_sorted", "micro_cost",
            "micro_batches", "balance_by_tokens", "rank_micro_batches", "FILLER", "response_mask",
-           "response_loss_mask", "single_step_on_policy", "old_logprobs"]
+           "response_loss_mask", "single_step_on_policy", "old_logprobs", "ENTROPY_MODES"]
 
 
 def pack(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int, device):
@@ -446,36 +446,65 @@ def single_step_on_policy(cfg: Config, num_groups: int) -> bool:
     return cfg.train.ppo_epochs == 1 and cfg.train.mini_batch_prompts >= num_groups
 
 
+#: What :func:`old_logprobs` returns of π_old's entropy: ``rows`` every row on every rank (the top-entropy
+#: selection needs them), ``local`` this rank's rows only (0 elsewhere; it feeds a metric, summed over the
+#: ranks by :func:`dapo.update.old_policy_metrics`), ``none`` none (None; not computed).
+ENTROPY_MODES = ("rows", "local", "none")
+
+
 @torch.no_grad()
 def old_logprobs(model, batch: RolloutBatch, cfg: Config, pad_id: int, device, autocast: bool,
-                 rank: int = 0, world: int = 1):
+                 rank: int = 0, world: int = 1, entropy: str = "rows"):
     """π_old log-probs and entropy of every response token, at the rollout temperature.
 
-    Returns logp [N, L], entropy [N, L], resp_mask [N, L] (padded to the batch's max L; 0 at padding
-    in the packed layout), the same on every rank. With ``world`` > 1 each rank computes its share
-    (:func:`rank_micro_batches`) and the rows are all-gathered; a rank's :data:`FILLER` passes
-    (one-token forwards, results dropped) keep a sharded model's collectives in step.
+    Returns logp [N, L] (the same on every rank), entropy [N, L] (:data:`ENTROPY_MODES`: every rank's rows,
+    this rank's, or None), resp_mask [N, L] (:func:`response_mask`); on the CPU, padded to the batch's max L,
+    0 at padding. With ``world`` > 1 each rank computes its share (:func:`rank_micro_batches`, which every
+    rank knows for every rank) and the real tokens' values are all-gathered as one tensor (the log-probs,
+    and the entropy only with ``rows``) on the default group; a rank's :data:`FILLER` passes (one-token
+    forwards, results dropped) keep a sharded model's collectives in step.
     """
-    from dapo.distributed import all_gather_object
+    from dapo.distributed import all_gather_uneven
+    if entropy not in ENTROPY_MODES:
+        raise ValueError(f"entropy must be one of {ENTROPY_MODES}, got {entropy!r}")
     N = len(batch.response_ids)
-    L = max(max((len(r) for r in batch.response_ids), default=0), 1)
-    logp = torch.zeros(N, L)
-    ent = torch.zeros(N, L)
-    mask = torch.zeros(N, L)
+    lens = [len(r) for r in batch.response_ids]
+    mask = response_mask(batch)                                                        # [N, L]
+    logp = torch.zeros(mask.shape)
+    ent = None if entropy == "none" else torch.zeros(mask.shape)
     opts = logit_options(cfg)
+    plans = rank_micro_batches(list(range(N)), batch, cfg, world)
+    order = [[i for idx in plans[r] for i in idx] for r in range(world)]              # each rank's rows, in turn
     was_training = model.training
     model.eval()
-    rows = []
-    for idx in rank_micro_batches(list(range(N)), batch, cfg, world)[rank]:
+    mine = []                                                                          # [1 or 2, tokens] per pass
+    for idx in plans[rank]:
         if idx == FILLER:
             filler_forward(model, pad_id, device, autocast)
             continue
         fw = response_forward(model, [batch.prompt_ids[i] for i in idx], [batch.response_ids[i] for i in idx],
                               pad_id, device, autocast, packed=cfg.train.packed)
-        rows.append((idx, fw.logprobs(**opts).cpu(), fw.entropy(**opts).cpu(), fw.resp_mask.cpu()))
+        vals = torch.stack([fw.logprobs(**opts)] + ([] if ent is None else [fw.entropy(**opts)]))  # [k, n, l]
+        mine.append(torch.cat([vals[:, j, :lens[i]] for j, i in enumerate(idx)], dim=1))
     model.train(was_training)
-    for part in all_gather_object(rows, world):
-        for idx, lp, en, m in part:
-            l = lp.shape[1]
-            logp[idx, :l], ent[idx, :l], mask[idx, :l] = lp, en, m
+    k = 1 if ent is None else 2
+    flat = torch.cat(mine, dim=1) if mine else torch.zeros(k, 0, device=device)       # [k, this rank's tokens]
+    send = flat if entropy == "rows" else flat[:1]
+    parts = all_gather_uneven(send.contiguous(), [sum(lens[i] for i in o) for o in order], world)
+    for r, part in enumerate(parts):
+        _scatter_rows(part.cpu(), order[r], lens, logp, ent if entropy == "rows" else None)
+    if entropy == "local":
+        _scatter_rows(flat[1:].cpu(), order[rank], lens, ent, None)
     return logp, ent, mask
+
+
+def _scatter_rows(flat: torch.Tensor, rows: list[int], lens: list[int], first: torch.Tensor,
+                  second: Optional[torch.Tensor]) -> None:
+    """Rows ``rows`` (in order, ``lens`` real tokens each) of ``flat`` [1 or 2, Σ lens] into first [N, L]
+    (and second [N, L], from flat[1])."""
+    off = 0
+    for i in rows:
+        first[i, :lens[i]] = flat[0, off:off + lens[i]]
+        if second is not None:
+            second[i, :lens[i]] = flat[1, off:off + lens[i]]
+        off += lens[i]

@@ -166,7 +166,8 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None,
             else:
                 old_lp, ent, resp_mask = ((None, None, response_mask(batch)) if on_policy else
                                           old_logprobs(policy.module, batch, cfg, policy.pad_id, policy.device,
-                                                       policy.autocast, policy.rank, policy.world))
+                                                       policy.autocast, policy.rank, policy.world,
+                                                       entropy="rows" if top_q < 1.0 else "local"))
             loss_mask = response_loss_mask(resp_mask, batch.finished, cfg.algo.overlong.filter)
             loss_mask = algo.mask_groups(loss_mask, batch.in_loss)   # dynamic sampling mode=mask: out of the loss
             selection = {}
@@ -202,7 +203,8 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None,
             ev = _evaluate(run, r) if evaluating else {}
         # 9. log (buffered; sent to MLflow right after the next checkpoint)
         metrics = {**batch.stats, **ev, **mean_metrics(steps), **mismatch, **selection, **offpolicy,
-                   **({} if ent is None else old_policy_metrics(old_lp, ent, resp_mask)),
+                   **({} if ent is None else old_policy_metrics(old_lp, ent, resp_mask,
+                                                                1 if top_q < 1.0 else policy.world)),
                    "train/grad_steps": len(steps), **timer.metrics()}
         gen_tok, train_tok = _tokens(batch, resp_mask, cfg)
         metrics.update(_throughput(metrics, gen_tok, train_tok))
@@ -275,7 +277,8 @@ def _lag_split(run: Run, batch, old_lp, rollout_lp, resp_mask, r: int) -> dict[s
     p = run.policy
     _, weights = run.lagged.for_step(r)
     with swapped_weights(p.module, weights):
-        lag_lp, _, _ = old_logprobs(p.module, batch, run.cfg, p.pad_id, p.device, p.autocast, p.rank, p.world)
+        lag_lp, _, _ = old_logprobs(p.module, batch, run.cfg, p.pad_id, p.device, p.autocast, p.rank, p.world,
+                                    entropy="none")
     return split_mismatch(corrections.mismatch_metrics, old_lp, lag_lp, rollout_lp, resp_mask)
 
 

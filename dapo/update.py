@@ -168,10 +168,17 @@ def mean_metrics(steps: list[StepStats]) -> dict[str, float]:
     return {k: float((np.max if k in top else np.mean)([d[k] for d in ds if k in d])) for k in ds[0]}
 
 
-def old_policy_metrics(old_logp: torch.Tensor, entropy: torch.Tensor, resp_mask: torch.Tensor) -> dict[str, float]:
-    """Entropy and mean token probability of π_old over the response tokens (all [N, L])."""
+def old_policy_metrics(old_logp: torch.Tensor, entropy: torch.Tensor, resp_mask: torch.Tensor,
+                       world: int = 1) -> dict[str, float]:
+    """Entropy and mean token probability of π_old over the response tokens (all [N, L]). ``world`` > 1:
+    ``entropy`` holds each rank's own rows only (`dapo.logprobs.old_logprobs`, ``entropy="local"``), and
+    their sums are added over the ranks (a collective)."""
+    from dapo.distributed import all_reduce_sum
     n_tok = float(resp_mask.sum())
-    return {StepStats.metric("entropy"): float((entropy * resp_mask).sum() / max(n_tok, 1.0)),
+    total = (entropy * resp_mask).sum()
+    if world > 1:
+        total = torch.tensor(all_reduce_sum({"entropy": float(total)}, world)["entropy"])
+    return {StepStats.metric("entropy"): float(total / max(n_tok, 1.0)),
             StepStats.metric("token_prob_mean"): float((old_logp.exp() * resp_mask).sum() / max(n_tok, 1.0))}
 
 

@@ -72,3 +72,71 @@ def test_chunks_are_split_views_whose_backward_concatenates_once(chunk):
     names = _node_names(token_logprobs(x[:, :40], tgt, 1.0, chunk))
     assert names.count("SliceBackward0") == 1                     # the caller's own x[:, :L]
     assert names.count("SplitBackward0") + names.count("SplitWithSizesBackward0") == 1
+
+
+# ---------------------------------------------------------------- π_old's rows gathered as tensors (2 ranks)
+def _worker_old_logprobs(out: str) -> None:
+    """2 gloo ranks: old_logprobs over world 2 (each rank its share) in every entropy mode, with pickling
+    collectives forbidden, beside the one-process result of the same model and batch."""
+    import torch.distributed as dist
+
+    from dapo.distributed import destroy_distributed, init_distributed
+    from dapo.logprobs import old_logprobs
+    from dapo.update import old_policy_metrics
+    from tests.test_train import _cfg, _random_batch, _tiny_policy
+    d = init_distributed(60)
+    torch.set_num_threads(1)
+    cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4, "train.micro_batch_seqs": 2,
+                  "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false"})
+    model, batch = _tiny_policy(0), _random_batch(B=5)
+    ref = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False)
+    res = {"ref": ref, "ref_metrics": old_policy_metrics(ref[0], ref[1], ref[2])}
+
+    def no_pickles(*a, **k):
+        raise AssertionError("old_logprobs pickled its rows")
+    dist.all_gather_object, dist.broadcast_object_list = no_pickles, no_pickles
+    for mode in ("rows", "local", "none"):
+        res[mode] = old_logprobs(model, batch, cfg, 0, torch.device("cpu"), False, d.rank, d.world, entropy=mode)
+    torch.save(res, f"{out}.rank{d.rank}")
+    destroy_distributed(d.world)
+
+
+def test_old_logprobs_on_two_ranks_gather_tensors_and_the_entropy_only_where_needed(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "res"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(repo)}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                        "127.0.0.1", "--master_port", str(port), "-m", "tests.test_logprob_chunks", str(out)],
+                       cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    from dapo.update import old_policy_metrics
+    r0, r1 = (torch.load(f"{out}.rank{r}", weights_only=False) for r in (0, 1))
+    logp, ent, mask = r0["ref"]
+    # the one-process pass batches the rows otherwise (other padding), so it agrees to float32 rounding;
+    # the ranks and the modes agree bit for bit
+    for r in (r0, r1):
+        for mode in ("rows", "local", "none"):
+            assert torch.equal(r[mode][0], r0["rows"][0]) and torch.equal(r[mode][2], mask), mode
+        assert torch.equal(r["rows"][1], r0["rows"][1]) and r["none"][1] is None
+    torch.testing.assert_close(r0["rows"][0], logp, rtol=0, atol=1e-5)
+    torch.testing.assert_close(r0["rows"][1], ent, rtol=0, atol=1e-5)
+    # local: each rank its own rows, 0 elsewhere; together every row once
+    own0, own1 = r0["local"][1], r1["local"][1]
+    assert torch.equal(own0 + own1, r0["rows"][1]) and bool(((own0 != 0) & (own1 != 0)).sum() == 0)
+    assert 0 < int((own0 != 0).any(-1).sum()) < len(ent)
+    # the metric from each rank's own rows, summed over the ranks (here: by hand), is the one-process metric
+    m = old_policy_metrics(r0["rows"][0], own0 + own1, mask)
+    assert m == pytest.approx(r0["ref_metrics"], rel=1e-5)
+
+
+if __name__ == "__main__":
+    import sys
+    _worker_old_logprobs(sys.argv[1])
