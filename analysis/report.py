@@ -44,14 +44,17 @@ from pathlib import Path
 
 import pandas as pd
 
+from dapo.declaration import read_declarations
+
 from .behaviour import behaviour_section, mismatch_figure, mismatch_table
 from .gain import GAIN_NOTE, format_gain, gain_figure, gain_table
 from .mechanisms import MECHANISMS_NOTE, format_mechanisms, mechanism_table
 from .learning import LEARNING_NOTE, format_learning, learning_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
+from .declared import declaration_sentence
 from .eval_noise import noise_section, noise_table, problems_from_runs, start_mismatches, start_section
 from .samples import load_samples, passk_section, passk_curves, samples_from_runs, samples_section
-from .runs import (SnapshotError, SweepInfo, load_problems, load_runs, load_snapshot, merge_snapshot, read_meta,
+from .runs import (SnapshotError, SweepInfo, load_problems, load_runs, load_snapshot, merge_snapshot, read_meta, run_times,
                    snapshot, spec_runs, store_problem)
 from .metric_names import primary_metric
 from .stats import BAND_METHOD
@@ -61,6 +64,9 @@ from .tables import (COST_NOTE, compare_table, cost_ledger, decidable_note, deci
 
 __all__ = ["write_report", "main"]
 
+UNPLANNED_NOTE = ("**Unplanned look.** These runs hold more pairs than the declared stopping rule's last look; "
+                  "the extra pairs are tested with the whole α already spent, and each verdict they touch is "
+                  "marked \"(unplanned look)\".")
 _NO_READING = ("_No reading yet. Write one in `reading.md` next to this file (or pass `reading=`); "
                "it is kept when the report is regenerated._")
 
@@ -224,7 +230,11 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              + "".join(f"; plus {m['n_runs']} runs from the snapshot of {m.get('created')} (commit {m.get('commit')})"
                        for m in meta.get("merged") or []),
              "", *start_section(start_mismatches(tidy, configs, t1.attrs.get("metric")), t1.attrs.get("metric")),
-             decision_rule(int(fam.attrs.get("m", len(fam))), declared=bool(sweep.family)), "",
+             declaration_sentence(meta.get("declarations") or [], meta.get("run_times") or {},
+                                  sorted(set(tidy["run_id"]))), "",
+             *([UNPLANNED_NOTE, ""] if fam.attrs.get("unplanned") else []),
+             decision_rule(int(fam.attrs.get("m", len(fam))), declared=bool(sweep.family),
+                           stopping=fam.attrs.get("stopping")), "",
              *([note, ""] if (note := decidable_note(int(fam.attrs.get("m", len(fam))),
                                                      int(fam["n"].min()) if len(fam) else 0)) else []),
              "## The primary family", "",
@@ -502,12 +512,15 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
         if samples is None:     # the runs' records are elsewhere: an earlier snapshot's samples, if any
             samples = next((s for s in (load_samples(d) for d in args.with_snapshot) if s is not None), None)
         commit = _git_commit()
-        meta = {"mlflow_uri": uri, "commit": commit,
+        decl = read_declarations(Path(args.runs) / "sweeps" / name / "declarations")
+        times = {**next((read_meta(d).get("run_times") or {} for d in args.with_snapshot), {}), **run_times(uri, name)}
+        extra = {**({"merged": merged} if merged else {}), "declarations": decl, "run_times": times}
+        meta = {"mlflow_uri": uri, "commit": commit, "declarations": decl, "run_times": times,
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         if not args.no_snapshot:
             cmd = "dapo figures " + " ".join(shlex.quote(a) for a in argv)
             snap = snapshot(tidy, configs, sweep, out / "snapshot", command=cmd, commit=commit,
-                            tracking_uri=uri, extra={"merged": merged} if merged else None, problems=problems,
+                            tracking_uri=uri, extra=extra, problems=problems,
                             samples=samples)
             meta = read_meta(snap)
             print(f"[figures] snapshot: {snap}")

@@ -89,6 +89,8 @@ class SweepInfo:
     margins: dict[str, float] = field(default_factory=dict)  # metric → declared TOST margin (the spec's ``margins``)
     family: tuple[tuple[str, str], ...] = ()   # the declared primary family, (off, on) arm names (the spec's
                                                # ``family``); () = the default (analysis.tables.primary_pairs)
+    stopping: dict | None = None               # the spec's ``stopping`` {looks, spending, alpha}; None: one fixed look
+    seeds: tuple[int, ...] = ()                # the spec's seeds in declared order (a look's pairs: the first n)
 
     def __post_init__(self):
         if self.kind not in SWEEP_KINDS:
@@ -96,6 +98,7 @@ class SweepInfo:
         object.__setattr__(self, "arms", tuple(
             a if isinstance(a, ArmInfo) else ArmInfo(**a) for a in self.arms))
         object.__setattr__(self, "family", tuple((str(off), str(on)) for off, on in self.family))
+        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
 
     def arm(self, name: str) -> ArmInfo:
         for a in self.arms:
@@ -110,6 +113,11 @@ class SweepInfo:
             d.pop("family")     # a sweep.json without a declared family stays as it was
         else:
             d["family"] = [list(p) for p in self.family]
+        for key in ("stopping", "seeds"):   # absent unless declared: an older sweep.json stays as it was
+            if not d.get(key):
+                d.pop(key)
+            elif key == "seeds":
+                d[key] = list(self.seeds)
         return d
 
     @classmethod
@@ -358,6 +366,35 @@ def load_runs(tracking_uri: str, sweep_name: str, *, finished_only: bool = False
         else:
             os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = bar
     return tidy, configs
+
+
+def _iso(ms) -> str | None:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="seconds") if ms else None
+
+
+def run_times(tracking_uri: str, sweep_name: str) -> dict[str, dict[str, str | None]]:
+    """{run id (``dapo.run_id``): {"start", "end"}}: absolute UTC times (ISO 8601) of the sweep's runs, the
+    first start and the last end over a run's MLflow runs (a resumed run keeps its first start); end None
+    while it runs. What a report needs to place a declaration record before or after the runs."""
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(sweep_name)
+    if exp is None:
+        return {}
+    out: dict[str, dict[str, str | None]] = {}
+    token = None
+    while True:
+        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=token)
+        for r in page:
+            rid = r.data.tags.get("dapo.run_id") or r.info.run_id
+            start, end = r.info.start_time, r.info.end_time
+            cur = out.setdefault(rid, {"start": start, "end": end})
+            cur["start"] = min(x for x in (cur["start"], start) if x) if (cur["start"] or start) else None
+            cur["end"] = max(x for x in (cur["end"], end) if x) if (cur["end"] or end) else None
+        token = page.token
+        if not token:
+            break
+    return {k: {"start": _iso(v["start"]), "end": _iso(v["end"])} for k, v in sorted(out.items())}
 
 
 def _assemble(pts: pd.DataFrame, meta: pd.DataFrame) -> pd.DataFrame:

@@ -128,12 +128,43 @@ def family_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None = No
     df["p_holm"] = holm(df["p"].to_numpy(dtype=float)) if len(df) else []
     df["p_tost_holm"] = holm(df["p_tost"].to_numpy(dtype=float)) if len(df) else []
     against = "contradicts" if is_paper_metric(metric) else "harms here"
-    df["verdict"] = [effect_verdict(mu, p, pt, predicted=int(np.sign(d)) if np.isfinite(d) and d else 1,
+    seq = _sequential_columns(pairs, finals, sweep, scale, margin, alpha) if sweep.stopping and len(df) else None
+    if seq is not None:
+        for k, v in seq.items():
+            df[k] = v
+    p_dec, t_dec = (("p_seq_holm", "p_tost_seq_holm") if seq is not None else ("p_holm", "p_tost_holm"))
+    # no paper direction: a decided difference "differs" (a significant change nobody predicted is no reproduction)
+    df["verdict"] = [effect_verdict(mu, p, pt, predicted=int(np.sign(d)) if np.isfinite(d) and d else 0,
                                     alpha=alpha, yes="reproduces", no=against)
-                     for mu, p, pt, d in zip(df["mean"], df["p_holm"], df["p_tost_holm"], df["paper_delta"])]
-    df = df[FAMILY_COLUMNS]
-    df.attrs.update(metric=metric, scale=scale, m=m, alpha=alpha, final_k=final_k)
+                     for mu, p, pt, d in zip(df["mean"], df[p_dec], df[t_dec], df["paper_delta"])]
+    df = df[FAMILY_COLUMNS + (SEQUENTIAL_COLUMNS if seq is not None else [])]
+    df.attrs.update(metric=metric, scale=scale, m=m, alpha=alpha, final_k=final_k,
+                    stopping=dict(sweep.stopping) if seq is not None else None,
+                    unplanned=bool(seq is not None and any(seq["unplanned"])))
     return df
+
+
+SEQUENTIAL_COLUMNS = ["looks_done", "look", "p_seq", "p_seq_holm", "p_tost_seq", "p_tost_seq_holm", "unplanned"]
+"""family.csv's columns under a declared stopping rule (analysis.sequential): the declared looks the pairs
+complete, the look that decided the row (0: none yet), the repeated p and its Holm adjustment, the same
+for TOST, and whether there were more pairs than the last declared look."""
+
+
+def _sequential_columns(pairs, finals, sweep: SweepInfo, scale: float, margin: float, alpha: float) -> dict:
+    """The repeated p-values of each comparison under the spec's stopping rule, pairs in declared seed order."""
+    from .sequential import sequential_family
+    st = sweep.stopping
+    seeds = list(sweep.seeds)
+    diffs = []
+    for off, on in pairs:
+        a, b = _seed_finals(finals, off.name, scale), _seed_finals(finals, on.name, scale)
+        extra = sorted((set(a.index) & set(b.index)) - set(seeds))   # seeds the declaration never named
+        diffs.append(np.array([b.get(x, np.nan) - a.get(x, np.nan) for x in seeds + extra], dtype=float))
+    fam = sequential_family(diffs, tuple(st["looks"]), st["spending"], margin=margin, alpha=float(st.get("alpha", alpha)))
+    return {"looks_done": [",".join(map(str, r["looks_done"])) for r in fam], "look": [r["look"] for r in fam],
+            "p_seq": [r["p_seq"] for r in fam], "p_seq_holm": [r["p_seq_holm"] for r in fam],
+            "p_tost_seq": [r["p_tost_seq"] for r in fam], "p_tost_seq_holm": [r["p_tost_seq_holm"] for r in fam],
+            "unplanned": [bool(r["unplanned"]) for r in fam]}
 
 
 def loop_seconds(tidy: pd.DataFrame) -> pd.Series:
@@ -302,16 +333,30 @@ def format_table1(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def decision_rule(m: int, alpha: float = ALPHA, *, declared: bool = False) -> str:
-    """The rule every report states at its top (one paragraph); ``declared``: the spec names the family."""
+SPENDING_NAMES = {"obrien_fleming": "O'Brien–Fleming-type", "pocock": "Pocock-type"}
+
+
+def decision_rule(m: int, alpha: float = ALPHA, *, declared: bool = False, stopping: dict | None = None) -> str:
+    """The rule every report states at its top (one paragraph); ``declared``: the spec names the family;
+    ``stopping``: the spec's stopping rule (looks, spending). When the family was chosen is not said
+    here: :func:`analysis.declared.declaration_sentence` derives it from the records."""
     which = ("the comparisons the sweep spec lists under `family`" if declared else
              "each step of the ladder (a row vs the row above; for other sweeps, each pair that isolates one "
              "technique) and the full arm vs the baseline")
-    return (f"**Decision rule.** The primary family is declared before looking: {which} — here {m} "
+    if stopping:
+        looks = ", ".join(str(n) for n in stopping["looks"])
+        test = (f"Each is tested at the declared looks ({looks} pairs: the first n of the spec's seeds) by the "
+                f"exact sign-flip test with {SPENDING_NAMES.get(stopping['spending'], stopping['spending'])} "
+                f"α spending; p is its repeated p-value (valid however the looks were stopped), Holm-adjusted over "
+                f"the family, and a verdict comes from the adjusted p alone")
+    else:
+        test = ("Each is tested with the two-sided exact sign-flip test; p is Holm-adjusted over the family and a "
+                "verdict comes from the adjusted p alone")
+    return (f"**Decision rule.** The primary family: {which} — here {m} "
             f"comparison{'s' if m != 1 else ''} of the sweep's metric, final value per run, "
-            f"paired by seed. Each is tested with the two-sided exact sign-flip test; p is Holm-adjusted over the "
-            f"family and a verdict comes from the adjusted p alone: p_Holm ≤ {alpha} in the paper's direction: "
+            f"paired by seed. {test}: p_Holm ≤ {alpha} in the paper's direction: "
             f"**reproduces**; in the other: **harms here** (**contradicts** only on the paper's own metric); "
+            f"without a paper direction: **differs**; "
             f"else, when TOST (two one-sided sign-flip tests, Holm-adjusted) bounds the difference inside the "
             f"metric's declared margin: **bounded null**; else **inconclusive**. Intervals are labelled with "
             f"their method and true level (the exact sign-flip interval at n pairs has level 1 − 2k/2^n). Every "
@@ -353,7 +398,12 @@ def format_family(df: pd.DataFrame) -> pd.DataFrame:
         "p Holm": [format_p(v) for v in df["p_holm"]],
         f"TOST ±m{unit}, p Holm": [f"±{_fmt(mg, 2 if mg < 1 else 1)}: {format_p(pt)}" if np.isfinite(mg) else "–"
                                    for mg, pt in zip(df["margin"], df["p_tost_holm"])],
-        "verdict": df["verdict"],
+        **({"look (repeated p, Holm)": [
+            (f"{'unplanned ' if u else ''}look {k}: {format_p(ph)}" if k else f"undecided after {ld or 'no look'}: "
+             f"{format_p(ph)}") for k, ph, ld, u in zip(df["look"], df["p_seq_holm"], df["looks_done"], df["unplanned"])]}
+           if "p_seq_holm" in df.columns else {}),
+        "verdict": [f"{v} (unplanned look)" if u else v
+                    for v, u in zip(df["verdict"], df["unplanned"] if "unplanned" in df.columns else [False] * len(df))],
         "seeds for paper's Δ (80% power, Holm)": [
             _fmt_need(n, lo, hi, d) for n, lo, hi, d in zip(df["seeds_needed"], df["seeds_needed_lo"],
                                                            df["seeds_needed_hi"], df["paper_delta"])],

@@ -576,6 +576,6 @@ def sweep_info(spec: Spec | str | os.PathLike) -> dict:
     return {"name": spec.name, "kind": spec.kind, "metric": spec.metric, "final_k": spec.final_k,
             **({"margins": dict(spec.margins)} if spec.margins else {}),
             **({"family": [list(p) for p in spec.family]} if spec.family else {}),
-            **({"stopping": spec.stopping.to_dict()} if spec.stopping else {}),
+            **({"stopping": spec.stopping.to_dict(), "seeds": list(spec.seeds)} if spec.stopping else {}),
             "arms": [{"name": a.name, "label": a.label, "overrides": dict(a.overrides), "paper": a.paper}
                      for a in arms(spec)]}
