@@ -45,6 +45,7 @@ MS_seed/P − v̄/P (what does not shrink with k) and V_eval = v̄/P measured at
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -322,7 +323,7 @@ def problems_figure(effects: dict[str, pd.DataFrame], scale: float = 100.0):
                     alpha=0.7)
             ax.plot(x[lead], e["mean"].to_numpy()[lead] * scale, "o", ms=3.2, color="#D55E00")
             ax.plot(x, e["shrunk"].to_numpy() * scale, "-", color="#333333", linewidth=1.0)
-            ax.set_title("\n".join(__import__("textwrap").wrap(label, 42)), fontsize=8)
+            ax.set_title("\n".join(textwrap.wrap(label, 42)), fontsize=8)
             ax.set_xlabel("problems, sorted by their mean difference")
             ax.set_ylabel("on − off (points)" if scale == 100 else "on − off")
         for ax in axes[n:]:

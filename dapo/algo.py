@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from dapo.config import default_chunk_rows
 from dapo.eval_metrics import avg_at_k, cons_at_k, majority_answers, pass_at_k  # noqa: F401  (evaluation helpers, re-exported)
 
 Count = Union[int, float, Tensor]  # a token or sequence count; may be a 0-dim tensor after all_reduce
@@ -529,8 +530,8 @@ def _chunked(fn: Callable[..., Tensor], rows: Tensor, *extra: Tensor, chunk_size
     intermediates alive and the backward recomputes them one chunk at a time. A caller that
     chunks already (`dapo.logprobs`, by positions) passes chunk_size ≥ M: one level of chunks only.
     """
-    if chunk_size is None:  # ~16 MiB of float32 scratch per chunk: 64k rows at V=64, 27 rows at 150k
-        chunk_size = max(16, (1 << 22) // max(rows.shape[-1], 1))
+    if chunk_size is None:
+        chunk_size = default_chunk_rows(rows.shape[-1])
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be ≥ 1, got {chunk_size}")
     if rows.shape[0] <= chunk_size:  # one chunk: checkpointing would only add a recompute

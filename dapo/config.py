@@ -58,6 +58,12 @@ def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasse
 
 
 # --------------------------------------------------------------------------- sections
+
+def default_chunk_rows(vocab: int) -> int:
+    """``train.logits_chunk_tokens`` unset: rows of a [rows, V] float32 chunk of ~16 MiB (at least 16):
+    64k rows at V=64, 256 at 16k, 27 at 150k (dapo.logprobs, dapo.algo, dapo.plan)."""
+    return max(16, (1 << 22) // max(vocab, 1))
+
 @dataclass(frozen=True)
 class ModelConfig:
     path: str = doc("HF model directory, a preset (tiny-3m, tiny-25m, smollm2-135m-instruct), or a hub id", "tiny-3m")
@@ -239,7 +245,8 @@ class TrainConfig:
     max_tokens_per_micro_batch: Optional[int] = doc(
         "token budget per forward/backward per process, prompt + response (None = micro_batch_seqs sequences)", None)
     logits_chunk_tokens: Optional[int] = doc(
-        "log-probs/entropy from the logits this many tokens at a time (memory only; None = all at once)", None)
+        "log-probs/entropy from the logits this many tokens at a time (memory only; None: ~16 MiB of float32 "
+        "rows, default_chunk_rows)", None)
     packed: bool = doc(
         "padding-free forwards: each micro-batch's sequences concatenated into one row, position ids restarting "
         "per sequence, attention causal within each sequence (dapo.logprobs.pack_flat); the token budget then "

@@ -770,12 +770,12 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
         return record
     if shared:   # before the declaration: a refused submission declares nothing
         raise ConfigError(shared)
+    _check_tracking(todo, profile)   # likewise: no declaration when the tracking server does not answer
     if declare is not None:
         spec = declare(spec)
         todo = [dataclasses.replace(j, config=dataclasses.replace(
             j.config, logging=dataclasses.replace(j.config.logging, declaration=spec.declaration)))
             for j in todo]
-    _check_tracking(todo, profile)
     _init_tracking(todo, profile)
     folder = out / "sweeps" / spec.name / "submitit" / record["id"]
     record["folder"] = str(folder)

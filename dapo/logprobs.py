@@ -30,7 +30,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from dapo import algo
-from dapo.config import Config
+from dapo.config import Config, default_chunk_rows
 
 if TYPE_CHECKING:
     from dapo.rollout import RolloutBatch
@@ -271,7 +271,8 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
                    chunk_tokens: Optional[int] = None) -> torch.Tensor:
     """log softmax(logits / T)[target]. logits: [n, L, V] (any float dtype); targets: [n, L] -> [n, L] float32.
 
-    Computed in float32 ``chunk_tokens`` positions at a time (None: all at once), see `_by_positions`.
+    Computed in float32 ``chunk_tokens`` tokens at a time (None: ~16 MiB of float32, see
+    `dapo.config.default_chunk_rows`), see `_by_positions`.
     """
     return _by_positions(_logprob_chunk, logits, targets, temperature=temperature, chunk_tokens=chunk_tokens)
 
@@ -295,18 +296,20 @@ def _by_positions(fn, logits: torch.Tensor, *extra: torch.Tensor, temperature: f
                   chunk_tokens: Optional[int]) -> torch.Tensor:
     """fn over chunks of c = chunk_tokens // n positions: logits [n, L, V], extra [n, L] -> [n, L].
 
-    One level of chunks: ``chunk_tokens`` None leaves the chunking to dapo.algo (rows of ~16 MiB of
-    float32); set, the chunks are these positions and each is computed whole (dapo.algo's row chunks
-    off: nested checkpointed chunks recomputed every chunk twice and zero-filled a float32 gradient of
-    the outer chunk for each inner one, issue 38). Only one chunk's float32 copy [n, c, V] exists at a
-    time (the logits stay in the model's dtype), and with autograd each chunk is checkpointed: the
+    One level of chunks: the chunks are these positions and each is computed whole (dapo.algo's row
+    chunks off: nested checkpointed chunks recomputed every chunk twice and zero-filled a float32
+    gradient of the outer chunk for each inner one, issue 38); ``chunk_tokens`` None is
+    `dapo.config.default_chunk_rows` tokens (~16 MiB of float32; at least one position of all n rows).
+    Only one chunk's float32 copy [n, c, V] exists at a time (the logits stay in the model's dtype:
+    handing all of them to dapo.algo made one float32 copy of the whole [n, L, V] first, which bf16
+    logits then held beside themselves), and with autograd each chunk is checkpointed: the
     backward recomputes it instead of keeping a float32 [n, c, V] alive. The chunks are
     ``torch.split`` views, whose backward concatenates their gradients once (a slice's backward
     zero-fills the whole [n, L, V] per chunk). Positions are independent, so the result does not depend on c.
     """
     n, L = logits.shape[0], logits.shape[1]
-    if chunk_tokens is None:
-        return fn(logits, *extra, temperature, None)
+    if chunk_tokens is None:   # dapo.algo's row chunk (~16 MiB of float32), never a float32 copy of all logits
+        chunk_tokens = default_chunk_rows(logits.shape[-1])
     c = max(1, chunk_tokens // max(n, 1))
     grad = torch.is_grad_enabled() and logits.requires_grad
     outs = []

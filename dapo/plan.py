@@ -18,7 +18,9 @@ Memory per GPU, in three phases of a rollout step (the peak is the largest):
   (with gradient checkpointing: each layer's bf16 input, plus one layer recomputed) + logits of
   the response positions only (``logits_to_keep``; bf16 under autocast, else fp32) kept for
   backward, their gradient (same size), and in one ``logits_chunk_tokens`` chunk's backward its
-  fp32 log-softmax and the gradients into and out of it + without FSDP under autocast, autocast's bf16 copy of every weight +
+  fp32 log-softmax and the gradients into and out of it (unset: ~16 MiB of fp32 rows,
+  ``dapo.config.default_chunk_rows``), with more than one chunk their gradients once more before
+  they are concatenated + without FSDP under autocast, autocast's bf16 copy of every weight +
   what vLLM keeps while it sleeps (everything, without sleep mode).
 - **weight sync**: resident shards + vLLM's weights (awake) + one parameter gathered in the
   rollout dtype (each shard is cast before the gather, ``dapo.weight_sync``).
@@ -47,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from dapo.config import Config, ConfigError, load_config
+from dapo.config import Config, ConfigError, default_chunk_rows, load_config
 from dapo.helptext import help_text
 
 __all__ = ["ModelShape", "KNOWN_MODELS", "model_shape", "Assumptions", "GPU_PEAKS", "gpu_peak", "Term", "Plan",
@@ -346,7 +348,7 @@ def memory_plan(cfg: Config, shape: ModelShape, gpu_gib: float, a: Assumptions =
     # logits only at the response positions (logits_to_keep): T × max_new / (prompt + max_new), exact at full length
     T_resp = math.ceil(T * r.max_new_tokens / (cfg.data.max_prompt_tokens + r.max_new_tokens))
     lb, lname = (2, "bf16") if autocast else (pb, "fp32" if pb == 4 else "bf16")
-    chunk = min(t.logits_chunk_tokens or T_resp, T_resp)
+    chunk = min(t.logits_chunk_tokens or default_chunk_rows(shape.vocab), T_resp)
     update.append(Term(f"logits kept for backward ({lname}, {T_resp} response tokens)", T_resp * shape.vocab * lb,
                        "train.max_tokens_per_micro_batch"))
     update.append(Term(f"logits gradient ({lname}, {T_resp} response tokens)", T_resp * shape.vocab * lb,
@@ -354,6 +356,9 @@ def memory_plan(cfg: Config, shape: ModelShape, gpu_gib: float, a: Assumptions =
     # a chunk's backward: its fp32 log-softmax (saved), the gradient arriving at it and the one leaving it
     update.append(Term(f"logits chunk: fp32 log-softmax + 2 gradients ({chunk} tokens)", chunk * shape.vocab * 4 * 3,
                        "train.logits_chunk_tokens"))
+    if chunk < T_resp:   # torch.split's backward holds every chunk's gradient until it concatenates them
+        update.append(Term(f"logits chunks' gradients before their concatenation ({lname})",
+                           T_resp * shape.vocab * lb, "train.logits_chunk_tokens"))
     reservation = r.gpu_memory_utilization * total
     update.append(Term("vLLM asleep" if r.sleep_mode else "vLLM reservation held (no sleep mode)",
                        a.vllm_sleep_gib * GiB if r.sleep_mode else reservation, "rollout.sleep_mode"))
@@ -503,7 +508,7 @@ def render(plan: Plan, times: dict[str, float], a: Assumptions, where: str, ev: 
            + (f"train.max_tokens_per_micro_batch" if cfg.train.max_tokens_per_micro_batch else
               f"train.micro_batch_seqs {cfg.train.micro_batch_seqs} × {cfg.data.max_prompt_tokens + r.max_new_tokens} "
               f"tokens, padded") + f"); gradient checkpointing {'on' if cfg.model.gradient_checkpointing else 'off'}; "
-           f"logits chunk {cfg.train.logits_chunk_tokens or 'none (all at once)'}",
+           f"logits chunk {cfg.train.logits_chunk_tokens or f'{default_chunk_rows(s.vocab)} tokens (default)'}",
            *[f"note: {n}" for n in plan.notes], "", "## Memory per GPU (GiB)"]
     for ph in plan.phases:
         out.append(f"{ph.name}:")

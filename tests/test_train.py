@@ -453,14 +453,17 @@ def test_chunked_logprobs_and_entropy_equal_the_unchunked_ones(dtype, temperatur
 
 
 def test_chunked_logprobs_keep_no_float32_copy_of_all_logits_for_the_backward():
-    """What autograd saves between forward and backward: the unchunked path keeps float32 [n·L, V]
-    (the logsumexp input); chunked, no saved float32 tensor is larger than one chunk."""
+    """What autograd saves between forward and backward: an unchunked float32 log-softmax keeps float32
+    [n·L, V] (the logsumexp input); chunked, no saved float32 tensor is larger than one chunk, and an
+    unset chunk (train.logits_chunk_tokens null) is chunked too, even where one chunk holds every
+    position (the checkpoint keeps the bf16 logits only)."""
+    from dapo import algo
     from dapo.logprobs import token_logprobs
     n, L, V = 4, 8, 16
     logits = torch.randn(n, L + 1, V, dtype=torch.bfloat16, requires_grad=True)[:, :L]
     tgt = torch.randint(0, V, (n, L))
 
-    def largest_saved_fp32(chunk):
+    def largest_saved_fp32(f):
         sizes = [0]
 
         def pack_hook(t):
@@ -468,11 +471,12 @@ def test_chunked_logprobs_keep_no_float32_copy_of_all_logits_for_the_backward():
                 sizes.append(t.numel())
             return t
         with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t):
-            token_logprobs(logits, tgt, 1.0, chunk).sum().backward()
+            f().sum().backward()
         return max(sizes)
 
-    assert largest_saved_fp32(None) >= n * L * V
-    assert largest_saved_fp32(2 * n) <= 2 * n * V                             # 2 positions × n sequences
+    assert largest_saved_fp32(lambda: algo.logprobs_from_logits(logits.float(), tgt)) >= n * L * V
+    assert largest_saved_fp32(lambda: token_logprobs(logits, tgt, 1.0, 2 * n)) <= 2 * n * V   # 2 positions × n
+    assert largest_saved_fp32(lambda: token_logprobs(logits, tgt, 1.0, None)) == 0
 
 
 def test_length_sorted_micro_batches_pad_less():
@@ -549,11 +553,17 @@ def test_packed_logprobs_and_entropies_equal_the_padded_ones():
                                    0, cpu, False) for v in ("false", "true"))
     mask = padded[2].bool()
     assert mask.sum() == sum(len(r) for r in batch.response_ids) and torch.equal(packed[2], padded[2])
-    computed = mask.clone()
-    computed[5, 0] = True                    # the empty response's one position (target: pad), as padded column 0
     for a, b in zip(packed[:2], padded[:2]):
-        torch.testing.assert_close(a[computed], b[computed], rtol=0, atol=1e-6)
-        assert float(a[~computed].abs().max()) == 0.0                   # packed: nothing computed at padding
+        torch.testing.assert_close(a[mask], b[mask], rtol=0, atol=1e-6)
+        assert float(a[~mask].abs().max()) == 0.0 == float(b[~mask].abs().max())   # old_logprobs: 0 at padding
+    # one forward of either layout computes the empty response's one position too (target: pad), as
+    # padded column 0
+    computed = mask.clone()
+    computed[5, 0] = True
+    with torch.no_grad():
+        pad_fw = response_forward(model, batch.prompt_ids, batch.response_ids, 0, cpu, False, packed=False)
+        pad_lp, pad_ent = pad_fw.logprobs(), pad_fw.entropy()
+    assert float(pad_lp[5, 0]) < 0.0
     # sdpa packs into rows capped by packed_row_len; one row (flash-attention's layout) and chunked
     # log-probs agree too
     rows = response_forward(model, batch.prompt_ids, batch.response_ids, 0, cpu, False, packed=True)
@@ -561,8 +571,9 @@ def test_packed_logprobs_and_entropies_equal_the_padded_ones():
     assert 1 < rows.logits.shape[0] < 16 and rows.logits.shape[1] <= cap
     fw = response_forward(model, batch.prompt_ids, batch.response_ids, 0, cpu, False, packed=True, one_row=True)
     assert fw.logits.shape[0] == 1
-    torch.testing.assert_close(fw.logprobs(chunk_tokens=5)[computed], padded[0][computed], rtol=0, atol=1e-6)
-    torch.testing.assert_close(fw.entropy()[computed], padded[1][computed], rtol=0, atol=1e-6)
+    torch.testing.assert_close(rows.logprobs()[computed], pad_lp[computed], rtol=0, atol=1e-6)
+    torch.testing.assert_close(fw.logprobs(chunk_tokens=5)[computed], pad_lp[computed], rtol=0, atol=1e-6)
+    torch.testing.assert_close(fw.entropy()[computed], pad_ent[computed], rtol=0, atol=1e-6)
     ids, pos, keep, tgt, where, _ = pack_flat(batch.prompt_ids, batch.response_ids, 0, cpu)
     assert ids.shape[1] == sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
     with torch.no_grad():
