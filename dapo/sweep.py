@@ -2,6 +2,8 @@
 
     dapo sweep expand SPEC [--json] [--output DIR] [--cluster NAME]   the job table (arm, seed, run id, overrides)
     dapo sweep submit SPEC --cluster NAME [--executor slurm|local] [--output DIR] [--dry-run]
+    dapo sweep next-look SPEC --cluster NAME [--dry-run]   a declared stopping rule's next look: the seeds
+                                                     of the comparisons still undecided, their arms only
     dapo sweep status SPEC [--output DIR] [--json]   per run: pending / running / requeued / done / failed
     dapo sweep cancel SPEC [--output DIR]            scancel the sweep's unfinished jobs
 
@@ -195,6 +197,57 @@ def cmd_cancel(args) -> int:
     return 0
 
 
+def cmd_next_look(args) -> int:
+    """Under a declared stopping rule: test the looks done, then run the next look's seeds for the arms
+    of the comparisons still undecided only (analysis.looks). Run ids are those of the full spec."""
+    from analysis.looks import plan_next_look
+    from analysis.runs import SweepInfo, load_runs, store_problem
+    from analysis.tables import family_table
+    from dapo import launcher
+    full = load_spec(args.spec, parse_overrides(args.set) if args.set else None)
+    if full.stopping is None:
+        raise ConfigError(f"{args.spec}: no stopping rule (a 'stopping:' section declares looks); "
+                          f"`dapo sweep submit` runs every seed")
+    profile = load_profile(args.cluster)
+    jobs = expand(full, args.output)
+    uri = launcher.job_tracking_uri(jobs[0], profile)
+    problem = store_problem(uri)
+    if problem:
+        raise ConfigError(f"{problem} (no look has been run: `dapo sweep submit {args.spec}` runs look 1)")
+    tidy, configs = load_runs(uri, full.name, finished_only=True)
+    sweep = SweepInfo.from_dict(sweep_info(args.spec))
+    fam = family_table(tidy, sweep, configs) if len(tidy) else None
+    looks = full.stopping.looks
+    plan = plan_next_look(fam, looks, full.seeds, tuple(a.name for a in arms(full)))
+    print(f"stopping rule: looks at {list(looks)} pairs, {full.stopping.spending} spending, "
+          f"alpha {full.stopping.alpha}; looks done: {plan.done}")
+    for d in plan.decided:
+        print(f"  decided: {d}")
+    for u in plan.undecided:
+        print(f"  undecided: {u}")
+    print(plan.reason)
+    if plan.next_look is None:
+        return 0
+    spec = dataclasses.replace(full, seeds=plan.seeds)
+    if plan.arms:
+        spec = _only_arms(spec, ",".join(plan.arms))
+    elif full.family:
+        spec = _only_arms(spec, ",".join(dict.fromkeys(a for pair in full.family for a in pair)))
+    check_sources_exist(spec)
+    check_sweep(spec, profile, log=lambda m: print(m, file=sys.stderr))
+    rec = launcher.submit(spec, profile, args.output, dry_run=args.dry_run, executor=args.executor,
+                          declare=lambda s: _declared(s, args))
+    if args.dry_run:
+        print(f"dry run: look {plan.next_look} would run {len(rec['jobs'])} job(s) ({len(rec['skipped'])} finished "
+              f"or queued)")
+        for j in rec["jobs"]:
+            print(f"  {j['arm']:<24} seed {j['seed']:<3} {j['run_id']}")
+        return 0
+    if rec.get("executor") == "local" and rec["jobs"]:
+        return cmd_status(args)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dapo sweep", description=help_text(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -226,6 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override the profile's executor (e.g. --cluster local --executor slurm for the local test Slurm)")
     s.add_argument("--dry-run", action="store_true", help="validate and print the jobs and the sbatch script; submit nothing")
     s.set_defaults(fn=cmd_submit)
+    nl = sub.add_parser("next-look", help="under a declared stopping rule: test the looks done and run the next "
+                                          "look's seeds for the undecided comparisons' arms only")
+    common(nl)
+    nl.add_argument("--cluster", default="local",
+                    help="cluster profile: a name in slurm/ (local, example-gpu-cluster) or a YAML path")
+    nl.add_argument("--executor", choices=["slurm", "local"], help="override the profile's executor")
+    nl.add_argument("--dry-run", action="store_true", help="print the test and the jobs the next look would run")
+    nl.set_defaults(fn=cmd_next_look)
     st = sub.add_parser("status", help="per run: pending / running / requeued / done / failed (+ failed logs)")
     common(st)
     st.add_argument("--json", action="store_true", help="machine-readable output")

@@ -1,0 +1,53 @@
+"""dapo sweep next-look: a declared stopping rule's next look runs only the undecided comparisons' arms."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.looks import plan_next_look
+
+LOOKS, SEEDS = (10, 16), tuple(range(10, 26))
+ARMS = ("grpo", "clip_higher", "soft_punish", "token_loss", "dynamic_sampling")
+
+
+def _family(rows):
+    return pd.DataFrame(rows, columns=["comparison", "off", "on", "looks_done", "look"])
+
+
+def test_look_one_not_done_runs_look_one():
+    p = plan_next_look(None, LOOKS, SEEDS, ARMS)
+    assert (p.done, p.next_look, p.seeds) == (0, 1, SEEDS[:10])
+    half = _family([["a", "grpo", "dynamic_sampling", "10", 0], ["b", "clip_higher", "soft_punish", "", 0]])
+    p = plan_next_look(half, LOOKS, SEEDS, ARMS)
+    assert (p.done, p.next_look, p.seeds) == (0, 1, SEEDS[:10]) and "not complete" in p.reason
+
+
+def test_only_the_undecided_comparisons_arms_get_the_next_looks_seeds():
+    fam = _family([["+ soft", "clip_higher", "soft_punish", "10", 1],
+                   ["+ dyn", "token_loss", "dynamic_sampling", "10", 0],
+                   ["dapo vs grpo", "grpo", "dynamic_sampling", "10", 0]])
+    p = plan_next_look(fam, LOOKS, SEEDS, ARMS)
+    assert (p.done, p.next_look) == (1, 2)
+    assert p.seeds == SEEDS[:16]                       # run ids per (arm, seed): 10-19 are already finished
+    assert p.arms == ("grpo", "token_loss", "dynamic_sampling")          # spec order; clip_higher/soft_punish stop
+    assert p.decided == ("+ soft (look 1)",) and p.undecided == ("+ dyn", "dapo vs grpo")
+    assert "seeds [20, 21, 22, 23, 24, 25]" in p.reason
+
+
+def test_nothing_runs_once_all_are_decided_or_the_last_look_is_done():
+    all_done = _family([["a", "grpo", "dynamic_sampling", "10", 1], ["b", "clip_higher", "soft_punish", "10", 1]])
+    p = plan_next_look(all_done, LOOKS, SEEDS, ARMS)
+    assert p.next_look is None and p.arms == () and "stops" in p.reason
+    last = _family([["a", "grpo", "dynamic_sampling", "10,16", 0], ["b", "clip_higher", "soft_punish", "10,16", 2]])
+    p = plan_next_look(last, LOOKS, SEEDS, ARMS)
+    assert p.next_look is None and "unplanned look" in p.reason and p.undecided == ("a",)
+
+
+def test_next_look_refuses_a_spec_without_a_stopping_rule(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-m", "dapo.sweep", "next-look", str(root / "sweeps" / "table1-mini.yaml"),
+                        "--output", str(tmp_path)], capture_output=True, text=True, cwd=root, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.startswith("error: ") and "no stopping rule" in p.stderr and p.stderr.count("\n") == 1
