@@ -12,10 +12,10 @@ PY=.venv/bin/python
 export OMP_WAIT_POLICY=PASSIVE TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
   TRL="--smoke"; FLOPS="--smoke"; ROLL="--prompts 4 --n 2 --max-tokens 8 --repeats 1 --hf-repeats 1"; ANA="--steps 20 --seeds 1"
-  TRACK="--writers 2 --steps 20 --metrics 5 --stores sqlite --out /dev/null"; COV="--reps 200"
+  TRACK="--writers 2 --steps 20 --metrics 5 --stores sqlite --out /dev/null"; COV="--reps 200"; SEQ="--n-sim 20 --effects 1"
   OUT=results/bench/quick.md
 else
-  TRL="--json results/bench/trl.json"; FLOPS="--micro 8,16,64 --repeats 2"; ROLL=""; ANA=""; TRACK=""; COV=""
+  TRL="--json results/bench/trl.json"; FLOPS="--micro 8,16,64 --repeats 2"; ROLL=""; ANA=""; TRACK=""; COV=""; SEQ=""
   OUT=results/bench/latest.md
 fi
 { echo "# make bench, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- dapo bench || echo ' (+ uncommitted changes)')"
@@ -26,6 +26,8 @@ fi
   $PY -m bench.bench_flops $FLOPS || echo "bench_flops FAILED"; echo
   echo '```'; echo "\$ python -m bench.bench_rollout $ROLL"; echo '```'
   $PY -m bench.bench_rollout $ROLL || echo "bench_rollout FAILED"; echo
+  echo '```'; echo "\$ python -m bench.bench_sequential $SEQ"; echo '```'
+  $PY -m bench.bench_sequential $SEQ || echo "bench_sequential FAILED"; echo
   echo '```'; echo "\$ python -m bench.step_breakdown"; echo '```'
   $PY -m bench.step_breakdown || echo "step_breakdown FAILED"; echo
   echo '```'; echo "\$ python -m bench.step_breakdown --snapshot results/mismatch-mini/snapshot --thresholds 0.2,0.21"; echo '```'
