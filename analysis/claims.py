@@ -49,8 +49,7 @@ from pathlib import Path
 __all__ = ["VERDICT_WORDS", "EXEMPTIONS", "ABBREVIATIONS", "LEAD_Q", "Unit", "Flag", "units", "claim_words",
            "has_evidence", "is_definition", "check_text", "check_files", "default_paths", "warning_lines"]
 
-LEAD_Q = 0.10
-"""A lead is an exploratory row whose Benjamini–Hochberg q within its table is at most this."""
+from .stats import LEAD_Q  # noqa: E402  (a lead: BH q within its table at most this)
 
 VERDICT_WORDS: dict[str, str] = {
     # verdicts of the decision rule and of the exploratory tables

@@ -45,7 +45,7 @@ import pandas as pd
 from .arms import arms_with_runs
 from .metric_names import equivalence_margin, metric_scale, metric_short, primary_metric
 from .runs import SweepInfo
-from .stats import ALPHA, effect_verdict, format_p, interval_label, paired_diff
+from .stats import ALPHA, bh_q, effect_verdict, format_p, interval_label, paired_diff
 
 __all__ = ["AXES", "saturating", "compute_points", "CurveFit", "fit_curve", "fit_runs", "extrapolation_table",
            "compare_curves", "curve_figure", "curves_section", "CURVES_NOTE", "SATURATION", "MIN_POINTS",
@@ -384,19 +384,8 @@ def compare_curves(fits: pd.DataFrame, pairs: list[tuple[str, str, str]], *, mar
                      "dlogC": dC.mean, "dlogC_lo": dC.lo, "dlogC_hi": dC.hi, "dlogC_p": dC.p,
                      "dlogC_p_tost": dC.p_tost, "C_verdict": vc, "dB": dB, "level": dA.level, "method": dA.method})
     out = pd.DataFrame(rows, columns=[c for c in COMPARE_COLUMNS if c not in ("dA_q", "dlogC_q")])
-    out["dA_q"], out["dlogC_q"] = _bh(out["dA_p"]), _bh(out["dlogC_p"])
+    out["dA_q"], out["dlogC_q"] = bh_q(out["dA_p"]), bh_q(out["dlogC_p"])
     return out[COMPARE_COLUMNS]
-
-
-def _bh(p: pd.Series) -> np.ndarray:
-    """Benjamini–Hochberg q of the finite p-values among the rows (statsmodels ``multipletests``); NaN elsewhere."""
-    from statsmodels.stats.multitest import multipletests
-    v = p.to_numpy(dtype=float)
-    q = np.full(v.shape, np.nan)
-    ok = np.isfinite(v)
-    if ok.any():
-        q[ok] = multipletests(v[ok], method="fdr_bh")[1]
-    return q
 
 
 # --------------------------------------------------------------------------- the figure

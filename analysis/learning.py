@@ -26,7 +26,7 @@ from .arms import arms_with_runs
 from .mechanisms import window_means
 from .metric_names import PERCENT, equivalence_margin, metric_scale, primary_metric
 from .runs import SweepInfo
-from .stats import effect_verdict, format_p, interval_label, paired_diff, run_finals
+from .stats import bh_q, effect_verdict, format_p, interval_label, paired_diff, run_finals
 from .tables import _seed_finals
 
 __all__ = ["learning_table", "format_learning", "LEARNING_NOTE"]
@@ -82,7 +82,9 @@ def learning_table(tidy: pd.DataFrame, sweep: SweepInfo, final_k: int = 3) -> pd
                                  100.0 if m in PERCENT else 1.0, equivalence_margin(m, sweep.margins)))
     cols = ["arm", "label", "evidence", "start", "end", "value", "lo", "hi", "level", "method", "p", "p_tost", "n",
             "verdict"]
-    return pd.DataFrame(rows, columns=cols)
+    df = pd.DataFrame(rows, columns=cols)
+    df.insert(cols.index("p") + 1, "q", bh_q(df["p"]) if len(df) else [])   # Benjamini–Hochberg over the rows
+    return df
 
 
 def _num(v: float, signed: bool = False) -> str:
@@ -100,5 +102,6 @@ def format_learning(df: pd.DataFrame) -> pd.DataFrame:
                               if np.isfinite(lo) else _num(v, True)
                               for v, lo, hi, lv, m in zip(df["value"], df["lo"], df["hi"], df["level"], df["method"])],
         "p (sign-flip)": [format_p(p) for p in df["p"]],
+        "q (BH)": [format_p(q) for q in df["q"]],
         "seeds": df["n"], "verdict (exploratory)": df["verdict"],
     })

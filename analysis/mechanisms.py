@@ -54,7 +54,7 @@ import pandas as pd
 from .arms import TOGGLES, baseline_arm, exact_pairs, find_pair, grid_change
 from .metric_names import equivalence_margin, metric_scale, primary_metric
 from .runs import SweepInfo
-from .stats import effect_verdict, format_p, interval_label, level_verdict, paired_diff, t_interval, t_test_p
+from .stats import bh_q, effect_verdict, format_p, interval_label, level_verdict, paired_diff, t_interval, t_test_p
 
 __all__ = ["window_means", "steps_to_reach", "next_evaluation", "evaluation_gap", "mechanism_table",
            "format_mechanisms", "MECHANISMS_NOTE", "SUCCESSORS"]
@@ -142,8 +142,9 @@ def evaluation_gap(tidy: pd.DataFrame, metric: str, arms: tuple[str, ...]) -> fl
     return float(np.median(gaps)) if gaps else float("nan")
 
 
-COLUMNS = ["mechanism", "evidence", "arms", "value", "lo", "hi", "level", "method", "p", "test", "predicts", "n",
-           "verdict", "figure"]
+COLUMNS = ["mechanism", "evidence", "arms", "value", "lo", "hi", "level", "method", "p", "q", "test", "predicts",
+           "n", "verdict", "figure"]
+"""mechanisms.csv's columns; q: Benjamini–Hochberg over the table's rows (a lead: q ≤ analysis.stats.LEAD_Q)."""
 
 
 def _level(mechanism: str, evidence: str, arms: str, values: pd.Series, fig: str, *, above: float = 0.0) -> dict:
@@ -340,7 +341,9 @@ def mechanism_table(tidy: pd.DataFrame, sweep: SweepInfo, configs: dict | None =
             rows.append(_diff(f"{title} → entropy", "train/entropy, last quarter, on − off", pair_label,
                               _by_seed(e_off, "last"), _by_seed(e_on, "last"), "fig2", predicted=predicted,
                               margin=equivalence_margin("train/entropy", sweep.margins), isolated=iso))
-    return pd.DataFrame(rows, columns=COLUMNS)
+    df = pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "q"])
+    df["q"] = bh_q(df["p"]) if len(df) else []
+    return df[COLUMNS]
 
 
 def _num(v: float) -> str:
@@ -358,6 +361,7 @@ def format_mechanisms(df: pd.DataFrame) -> pd.DataFrame:
                              for v, lo, hi, lv, m in zip(df["value"], df["lo"], df["hi"], df["level"], df["method"])],
         "predicts": df["predicts"],
         "p (test)": ["–" if not np.isfinite(p) else f"{format_p(p)} ({t})" for p, t in zip(df["p"], df["test"])],
+        "q (BH)": [format_p(q) for q in df["q"]],
         "seeds": df["n"], "verdict (exploratory)": df["verdict"],
         "figure": [f"[{f}](figures/{f}.png)" for f in df["figure"]],
     })

@@ -53,11 +53,15 @@ from .learning import LEARNING_NOTE, format_learning, learning_table
 from .arms import TOGGLES, arms_with_runs, dapo_arm, find_pair, flat_arm_configs, infer_sweep_info
 from .declared import declaration_sentence
 from .eval_noise import noise_section, noise_table, problems_from_runs, start_mismatches, start_section
+from .seeds_problems import seeds_problems_section
 from .samples import load_samples, passk_section, passk_curves, samples_from_runs, samples_section
 from .runs import (SnapshotError, SweepInfo, load_problems, load_runs, load_snapshot, merge_snapshot, read_meta, run_times,
                    snapshot, spec_runs, store_problem)
 from .metric_names import primary_metric
 from .stats import BAND_METHOD
+from .curves import curves_section
+from .findings import what_this_shows
+from .matched import MATCHED_NOTE, format_matched, matched_table
 from .tables import (COST_NOTE, compare_table, cost_ledger, decidable_note, decision_rule, family_table, format_cost,
                      format_family, format_table1, loop_seconds, paired_line, table1, table1_footnote, to_csv, to_latex,
                      to_markdown)
@@ -203,6 +207,11 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
             old.unlink()
     learn = learning_table(tidy, sweep, final_k=final_k)
     written.append(to_csv(learn, out / "learning.csv"))
+    ceiling = curves_section(tidy, sweep, configs, out, formats=formats)
+    crossed = seeds_problems_section(tidy, sweep, configs, problems, out, final_k=final_k, formats=formats)
+    unit = " points" if float(fam.attrs.get("scale", 1.0)) == 100.0 else ""
+    matched = matched_table(tidy, fam, fam.attrs.get("metric"), configs, final_k, float(fam.attrs.get("scale", 1.0)))
+    written.append(to_csv(matched, out / "matched.csv"))
 
     reading_path = out / "reading.md"
     if reading is not None:
@@ -233,6 +242,7 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              declaration_sentence(meta.get("declarations") or [], meta.get("run_times") or {},
                                   sorted(set(tidy["run_id"]))), "",
              *([UNPLANNED_NOTE, ""] if fam.attrs.get("unplanned") else []),
+             *what_this_shows(fam, matched, {"mechanisms": mech, "learning": learn, "equal compute": matched}, unit),
              decision_rule(int(fam.attrs.get("m", len(fam))), declared=bool(sweep.family),
                            stopping=fam.attrs.get("stopping")), "",
              *([note, ""] if (note := decidable_note(int(fam.attrs.get("m", len(fam))),
@@ -243,6 +253,8 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              "(analysis/metric_names.py). Seeds: paired seeds at which the exact sign-flip test has 80% power "
              "for the paper's Δ at α/m, at the measured SD (in parentheses: at the ends of the SD's 95% "
              "χ² interval).", "",
+             *(["### The same comparisons at equal compute", "", to_markdown(format_matched(matched)),
+                MATCHED_NOTE + " Numbers: [matched.csv](matched.csv).", ""] if len(matched) else []),
              *noise_section(noise),
              "## Table 1", "", to_markdown(shown),
              paper_note + " Ours: see the sweep config.", "",
@@ -261,6 +273,7 @@ def write_report(tidy: pd.DataFrame, configs: dict, sweep_info: SweepInfo | None
              "## Does the policy learn?", "",
              to_markdown(format_learning(learn)) if len(learn) else "No evaluation or rollout reward in these runs.",
              LEARNING_NOTE + " Numbers: [learning.csv](learning.csv).", "",
+             *ceiling, *crossed,
              "## Cost ledger", "", to_markdown(format_cost(cost)), COST_NOTE + " Numbers: [cost.csv](cost.csv).", "",
              *samples_section(samples, labels, arm_names),
              "## Runs", "", _runs_md(tidy, sweep), "## Figures", "",

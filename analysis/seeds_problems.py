@@ -54,7 +54,7 @@ import pandas as pd
 
 from .metric_names import equivalence_margin, metric_scale, metric_short, primary_metric
 from .runs import SweepInfo
-from .stats import SEEDS_MAX_SIMULATED, ALPHA, seeds_needed, seeds_needed_sign_flip, sign_flip_p
+from .stats import LEAD_Q, SEEDS_MAX_SIMULATED, ALPHA, bh_q, seeds_needed, seeds_needed_sign_flip, sign_flip_p
 
 __all__ = ["cell_matrix", "CrossedFit", "crossed_anova", "problem_effects", "simulate_cells",
            "coverage_simulation", "plan_nk", "run_costs", "problems_figure", "seeds_problems_section",
@@ -64,8 +64,6 @@ PLAN_KS = (1, 2, 4, 8, 16, 32, 64)
 """Samples per problem the planner prices."""
 DELTA_MULTIPLES = (1, 2, 5)
 """The section plans for Δ = these multiples of the stated Δ (default: the metric's equivalence margin)."""
-LEAD_Q = 0.10
-"""A problem "carries an effect" (exploratory) when its Benjamini–Hochberg q over the problems is at most this."""
 
 
 # --------------------------------------------------------------------------- the cells
@@ -191,16 +189,12 @@ def problem_effects(D, problem_ids, fit: CrossedFit) -> pd.DataFrame:
     w = σ²_problem / (σ²_problem + MS_resid/S)), ``p`` (exact two-sided sign-flip test over the seeds;
     with S ≤ 5 seeds it cannot reach 0.05), ``q`` (Benjamini–Hochberg over the problems,
     statsmodels ``multipletests(method="fdr_bh")``), ``lead`` (q ≤ :data:`LEAD_Q`). Sorted by mean."""
-    from statsmodels.stats.multitest import multipletests
     D = np.asarray(D, dtype=float)
     cp = D.mean(axis=0)
     denom = fit.var_problem + fit.ms_resid / fit.S
     w = fit.var_problem / denom if denom > 0 else 0.0
     ps = np.array([sign_flip_p(D[:, j])[0] for j in range(D.shape[1])])
-    ok = np.isfinite(ps)
-    q = np.full(ps.shape, np.nan)
-    if ok.any():
-        q[ok] = multipletests(ps[ok], method="fdr_bh")[1]
+    q = bh_q(ps)
     out = pd.DataFrame({"problem": list(problem_ids), "mean": cp, "shrunk": fit.mean + w * (cp - fit.mean),
                         "p": ps, "q": q})
     out["lead"] = out["q"] <= LEAD_Q

@@ -310,6 +310,23 @@ def holm(pvalues) -> np.ndarray:
     return out
 
 
+LEAD_Q = 0.10
+"""An exploratory row is a *lead* when its Benjamini–Hochberg q within its table is at most this."""
+
+
+def bh_q(pvalues) -> np.ndarray:
+    """Benjamini–Hochberg q-values of the finite p-values, in the input order (NaNs stay NaN and do not
+    count); statsmodels ``multipletests(method="fdr_bh")``. An exploratory table's q: its false-discovery
+    rate among the rows read as leads (q ≤ :data:`LEAD_Q`)."""
+    from statsmodels.stats.multitest import multipletests
+    v = np.asarray(pvalues, dtype=float).ravel()
+    q = np.full(v.shape, np.nan)
+    ok = np.isfinite(v)
+    if ok.any():
+        q[ok] = multipletests(v[ok], method="fdr_bh")[1]
+    return q
+
+
 # --------------------------------------------------------------------------- verdicts
 def effect_verdict(mean: float, p: float, p_tost: float = float("nan"), *, predicted: int = 0,
                    alpha: float = ALPHA, yes: str = "acts", no: str = "opposite") -> str:
