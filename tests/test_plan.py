@@ -378,3 +378,29 @@ def test_checkpoints_are_priced_by_hand():
     assert end_only["saves"] == 1 and end_only["per_step_s"] == pytest.approx(12 * P / 10e9 / 300)
     text = "\n".join(plan.render_checkpoints(on, asy, a))
     assert "async_save" in text and "GiB of host memory per node" in text
+
+
+def test_max_num_seqs_reaches_vllm_and_the_plan_says_where_the_kv_cache_ends(monkeypatch):
+    """rollout.max_num_seqs: unset, the plan warns that vLLM's default starts more sequences than the KV
+    cache holds (27.96 full-length ones per engine for the paper run, printed 28.0) and names the value; set at or below
+    that, no note. It goes to vllm.LLM through make_rollout_engine, changes no run id, and 0 is refused."""
+    import torch
+
+    from dapo import engines, rollout
+    from dapo.config import config_hash
+    p = _run(str(EXP32), "--cluster", "example-gpu-cluster")
+    assert "= 28.0 full-length sequences per engine" in p.stdout
+    assert "note: rollout.max_num_seqs unset" in p.stdout and "rollout.max_num_seqs=27 caps it" in p.stdout
+    q = _run(str(EXP32), "rollout.max_num_seqs=27", "--cluster", "example-gpu-cluster")
+    assert q.returncode == p.returncode and "note: rollout.max_num_seqs" not in q.stdout
+    assert config_hash(load_config(EXP32)) == config_hash(load_config(EXP32, ["rollout.max_num_seqs=28"]))
+    with pytest.raises(ConfigError, match="rollout.max_num_seqs"):
+        load_config(EXP32, ["rollout.max_num_seqs=0"])
+    seen = {}
+    monkeypatch.setattr(engines, "make_engine", lambda name, path, **kw: seen.update(kw) or object())
+    cfg = load_config(EXP32, ["rollout.max_num_seqs=28"])
+    rollout.make_rollout_engine(cfg, "m", torch.device("cpu"), None)
+    assert seen["max_num_seqs"] == 28
+    seen.clear()
+    rollout.make_rollout_engine(load_config(EXP32), "m", torch.device("cpu"), None)
+    assert "max_num_seqs" not in seen
