@@ -3,7 +3,7 @@ protocol, without training; per-sample records, pass@k / maj@k curves, resumable
 
     dapo eval runs/table1-mini/runs/00ed03024f9e --step 30          # reproduces the run's logged eval at 30
     dapo eval runs/x/checkpoints/step_000030 --protocol dapo --k 32
-    dapo eval mini-base-v2 --sets arith-eval,arith-fresh --k 64 --protocol dapo top_p=1.0
+    dapo eval mini-base-v2 --sets arith-eval,arith-fresh --k 64 --protocol dapo eval.top_p=1.0
     dapo eval smollm2-135m-instruct --config experiments/smollm2-135m-arith.yaml --sets arith1-eval
 
 TARGET kinds (:func:`resolve_target`): a run dir (its checkpoint at ``--step``, else the latest;
@@ -192,7 +192,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _settings(a: argparse.Namespace, target: Target) -> tuple[Any, dict[str, Any]]:
     """(the resolved Config, the request: every setting the records depend on)."""
-    from dapo.config import ConfigError, load_config
+    from dapo.config import ConfigError, load_config, parse_overrides
     if a.k is not None and a.k < 1:
         raise EvalInputError(f"--k must be >= 1, got {a.k}")
     if a.limit is not None and a.limit < 1:
@@ -216,8 +216,10 @@ def _settings(a: argparse.Namespace, target: Target) -> tuple[Any, dict[str, Any
         over.update({"eval.temperature": proto["temperature"], "eval.top_p": proto["top_p"], "eval.k": proto["k"]})
     if a.k is not None:
         over["eval.k"] = a.k
-    try:
-        cfg = load_config(source, [*a.overrides, *(f"{k}={json.dumps(v)}" for k, v in over.items())])
+    try:   # the protocol's (and the flags') values first, the user's KEY=VALUE win over them
+        mine = parse_overrides(a.overrides)
+        cfg = load_config(source, [*(f"{k}={json.dumps(v)}" for k, v in over.items() if k not in mine),
+                                   *a.overrides])
     except ConfigError as exc:
         raise EvalInputError(str(exc)) from None
     if a.limit is not None and not a.sets:

@@ -191,3 +191,16 @@ def test_dapo_runs_samples_prints_the_latest_evaluation(tmp_path, capsys):
     assert "p3" not in out and "s1" not in out and "step 0" not in out and "(cut)" in out
     assert runs_main([str(tmp_path / "none"), "--samples"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_protocol_values_and_the_users_overrides_compose_the_users_winning():
+    """`dapo eval MODEL --protocol dapo eval.top_p=1.0` (README, issue 41): the protocol sets temperature 1.0,
+    top_p 0.7 and k 32; the user's eval.top_p=1.0 replaces its top_p (it was refused as 'given twice'), the
+    rest stays the protocol's, and the request records what is used."""
+    from dapo.eval_cmd import _settings, parser, resolve_target
+    a = parser().parse_intermixed_args(["tiny-3m", "--sets", "arith-eval", "--protocol", "dapo", "eval.top_p=1.0"])
+    cfg, req = _settings(a, resolve_target(a.target, a.step))
+    assert (cfg.eval.top_p, cfg.eval.temperature, cfg.eval.k) == (1.0, 1.0, 32)
+    assert (req["top_p"], req["temperature"], req["k"]) == (1.0, 1.0, 32)
+    a = parser().parse_intermixed_args(["tiny-3m", "--sets", "arith-eval", "--protocol", "dapo", "--k", "4", "eval.k=8"])
+    assert _settings(a, resolve_target(a.target, a.step))[0].eval.k == 8
