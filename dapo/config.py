@@ -792,6 +792,43 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def inert_keys(cfg: Config) -> dict[str, str]:
+    """Keys (dotted) whose value cannot change this config's training, given its other settings, each
+    with the reason: a sweep that varies one of them makes arms that train identically.
+
+    algo.clip.* goes to the losses that clip the PPO ratio (ppo_clip, clip_cov); each policy loss's own
+    group (algo.gspo/cispo/clip_cov/kl_cov) only to that loss; algo.kl.estimator only with algo.kl.coef > 0;
+    the soft punishment's cache_len/factor only with soft_punish; dynamic sampling's round keys only when
+    it refills; the rollout correction's level/cap/lo/hi only with the modes that read them.
+    """
+    a = cfg.algo
+    out: dict[str, str] = {}
+    if a.policy_loss not in ("ppo_clip", "clip_cov"):
+        for k in ("eps_low", "eps_high", "dual_clip_c"):
+            out[f"algo.clip.{k}"] = f"algo.policy_loss = {a.policy_loss} does not clip the PPO ratio with algo.clip"
+    for loss, cls in (("gspo", GSPOConfig), ("cispo", CISPOConfig), ("clip_cov", ClipCovConfig),
+                      ("kl_cov", KLCovConfig)):
+        if a.policy_loss != loss:
+            for f in dataclasses.fields(cls):
+                out[f"algo.{loss}.{f.name}"] = f"only algo.policy_loss = {loss} reads it (here {a.policy_loss})"
+    if a.kl.coef == 0:
+        out["algo.kl.estimator"] = "algo.kl.coef = 0: no KL penalty"
+    if not a.overlong.soft_punish:
+        for k in ("cache_len", "factor"):
+            out[f"algo.overlong.{k}"] = "algo.overlong.soft_punish is false"
+    ds = a.dynamic_sampling
+    if not (ds.enabled and ds.mode == "refill"):
+        why = "dynamic sampling is off" if not ds.enabled else f"algo.dynamic_sampling.mode = {ds.mode} (one round)"
+        for k in ("gen_batch_prompts", "oversample", "max_gen_rounds", "on_exhausted"):
+            out[f"algo.dynamic_sampling.{k}"] = why
+    rc = a.rollout_correction
+    uses = {"level": ("tis", "mis"), "cap": ("tis",), "lo": ("mis", "icepop", "geo_rs"), "hi": ("mis", "icepop", "geo_rs")}
+    for k, modes in uses.items():
+        if rc.mode not in modes:
+            out[f"algo.rollout_correction.{k}"] = f"algo.rollout_correction.mode = {rc.mode} does not read it"
+    return out
+
+
 # Resource knobs: how a run uses its machines, never what it computes (a resumed run may change them).
 # tensor_parallel_size and logits_chunk_tokens only reorder floating-point sums, like the engine's batch.
 UNHASHED_KEYS = ("train.threads", "rollout.tensor_parallel_size", "rollout.sleep_mode", "rollout.enforce_eager",

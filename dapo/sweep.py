@@ -29,7 +29,7 @@ from dapo.cluster import ClusterProfile, check_resources, load_profile
 from dapo.config import ConfigError, parse_overrides
 from dapo.helptext import help_text
 from dapo.plan import check_sweep
-from dapo.sweep_spec import Arm, Job, Spec, arms, check_sources_exist, expand, load_spec, sweep_info
+from dapo.sweep_spec import Arm, Job, Spec, arms, check_sources_exist, expand, inert_overrides, load_spec, sweep_info
 from dapo.yaml_checks import check_path
 
 __all__ = ["Arm", "ClusterProfile", "Job", "Spec", "arms", "check_resources", "expand", "load_profile",
@@ -104,6 +104,8 @@ def cmd_expand(args) -> int:
         check_resources(spec, load_profile(args.cluster))
         check_sweep(spec, load_profile(args.cluster), log=lambda m: print(m, file=sys.stderr))
     jobs = expand(spec, args.output)
+    for w in inert_overrides(jobs):
+        print(w, file=sys.stderr)
     if args.json:
         print(json.dumps([{"arm": j.arm, "label": j.label, "seed": j.seed, "run_id": j.run_id,
                            "run_dir": str(j.run_dir), "finished": j.finished, "overrides": j.overrides}
@@ -150,6 +152,8 @@ def cmd_submit(args) -> int:
     from dapo import launcher
     spec = _first_look(_spec(args), args)
     check_sources_exist(spec)
+    for w in inert_overrides(expand(spec, args.output)):
+        print(w, file=sys.stderr)
     profile = load_profile(args.cluster)
     check_sweep(spec, profile, log=lambda m: print(m, file=sys.stderr))  # every arm fits the GPUs (dapo plan)
     rec = launcher.submit(spec, profile, args.output, dry_run=args.dry_run, executor=args.executor,

@@ -531,6 +531,35 @@ def _diff(cfg: Config, base: Config) -> dict[str, Any]:
     return {k: v for k, v in a.items() if b.get(k) != v and not k.startswith(skip)}
 
 
+
+def inert_overrides(jobs: list[Job]) -> list[str]:
+    """One warning per pair of arms that train identically: they differ only in keys that cannot change
+    training under their other settings (:func:`dapo.config.inert_keys`), so the sweep runs one arm twice
+    under two run ids."""
+    from dapo.config import flatten, inert_keys, to_dict
+    skip = ("train.seed", "name", "output_dir")
+    first: dict[str, Job] = {}
+    for j in jobs:
+        first.setdefault(j.arm, j)
+    effective: dict[str, tuple[dict, dict]] = {}
+    for arm, j in first.items():
+        inert = inert_keys(j.config)
+        flat = {k: v for k, v in flatten(to_dict(j.config)).items()
+                if k not in inert and not k.startswith("logging.") and k not in skip}
+        effective[arm] = (flat, inert)
+    out, arms_ = [], list(effective)
+    for i, a in enumerate(arms_):
+        for b in arms_[i + 1:]:
+            if effective[a][0] != effective[b][0]:
+                continue
+            keys = sorted(set(first[a].overrides) ^ set(first[b].overrides)
+                          | {k for k in set(first[a].overrides) & set(first[b].overrides)
+                             if first[a].overrides[k] != first[b].overrides[k]})
+            why = "; ".join(f"{k}: {effective[a][1].get(k) or effective[b][1].get(k)}" for k in keys) or "no key"
+            out.append(f"warning: arms {a} and {b} train identically: they differ only in keys that have no "
+                       f"effect here ({why})")
+    return out
+
 def expand(spec: Spec | str | os.PathLike, output: str | os.PathLike = "runs") -> list[Job]:
     """All jobs of a sweep (arm-major, then seed), with run ids and run directories.
 
