@@ -26,7 +26,7 @@ from .arms import arms_with_runs
 from .mechanisms import window_means
 from .metric_names import PERCENT, equivalence_margin, metric_scale, primary_metric
 from .runs import SweepInfo
-from .stats import bh_q, effect_verdict, format_p, interval_label, paired_diff, run_finals
+from .stats import bh_q, effect_verdict, too_few_seeds, format_p, interval_label, paired_diff, run_finals
 from .tables import _seed_finals
 
 __all__ = ["learning_table", "format_learning", "LEARNING_NOTE"]
@@ -54,7 +54,8 @@ def _row(arm, evidence: str, start: pd.Series, end: pd.Series, scale: float, mar
             "end": float(end.loc[seeds].mean() * scale) if seeds else np.nan,
             "value": r.mean, "lo": r.lo, "hi": r.hi, "level": r.level, "method": r.method, "p": r.p,
             "p_tost": r.p_tost, "n": r.n,
-            "verdict": effect_verdict(r.mean, r.p, r.p_tost, predicted=1, yes="learns", no="gets worse")}
+            "verdict": too_few_seeds(r.n) or effect_verdict(r.mean, r.p, r.p_tost, predicted=1, yes="learns",
+                                                            no="gets worse")}
 
 
 def learning_table(tidy: pd.DataFrame, sweep: SweepInfo, final_k: int = 3) -> pd.DataFrame:

@@ -54,7 +54,8 @@ import pandas as pd
 from .arms import TOGGLES, baseline_arm, exact_pairs, find_pair, grid_change
 from .metric_names import equivalence_margin, metric_scale, primary_metric
 from .runs import SweepInfo
-from .stats import bh_q, effect_verdict, format_p, interval_label, level_verdict, paired_diff, t_interval, t_test_p
+from .stats import (bh_q, effect_verdict, format_p, interval_label, level_verdict, paired_diff, t_interval, t_test_p,
+                    too_few_seeds)
 
 __all__ = ["window_means", "steps_to_reach", "next_evaluation", "evaluation_gap", "mechanism_table",
            "format_mechanisms", "MECHANISMS_NOTE", "SUCCESSORS"]
@@ -78,7 +79,8 @@ SUCCESSORS: dict[str, tuple[str | None, str, float, int]] = {
 MECHANISMS_NOTE = ("Exploratory (p unadjusted over the rows). Each row reads the mechanism off its own metric "
                    "(not accuracy). Per run: mean over the first / last quarter of rollout steps, or all of them. "
                    "A level: [95% Student-t interval over seeds], p: one-sided t-test that it exceeds the bound its "
-                   "evidence declares; \"acts\" when p ≤ 0.05, else \"not shown\". A difference (within a run, "
+                   "evidence declares; \"acts\" when p ≤ 0.05, else \"not shown\" (\"too few seeds\" below 3 seeds for a level, "
+                   "below 6 pairs for a difference, where the test cannot decide). A difference (within a run, "
                    "or between two arms with the same seed): [exact sign-flip interval, its level], p: two-sided "
                    "exact sign-flip test; \"acts\" when p ≤ 0.05 in the direction the paper predicts "
                    "(\"predicts\" column), \"opposite\" in the other, \"differs\" where none is predicted "
@@ -154,7 +156,8 @@ def _level(mechanism: str, evidence: str, arms: str, values: pd.Series, fig: str
     p = t_test_p(v, above, alternative="greater")
     return {"mechanism": mechanism, "evidence": evidence, "arms": arms, "value": iv.mean, "lo": iv.lo, "hi": iv.hi,
             "level": iv.level, "method": iv.method, "p": p, "test": f"t, one-sided, > {above:g}",
-            "predicts": f"> {above:g}", "n": iv.n, "verdict": level_verdict(p), "figure": fig}
+            "predicts": f"> {above:g}", "n": iv.n, "verdict": too_few_seeds(iv.n, "t") or level_verdict(p),
+            "figure": fig}
 
 
 def _diff(mechanism: str, evidence: str, arms: str, a: pd.Series, b: pd.Series, fig: str, *, predicted: int,
@@ -162,7 +165,8 @@ def _diff(mechanism: str, evidence: str, arms: str, a: pd.Series, b: pd.Series, 
     """A row for b − a paired by seed (a within-run change when a and b are one arm's windows):
     verdict from its two-sided sign-flip p in the ``predicted`` direction (+1 / −1; 0: none, "differs")."""
     r = paired_diff(a, b, margin=margin)
-    verdict = effect_verdict(r.mean, r.p, r.p_tost, predicted=predicted) if isolated else "not isolated"
+    verdict = ("not isolated" if not isolated else too_few_seeds(r.n)
+               or effect_verdict(r.mean, r.p, r.p_tost, predicted=predicted))
     return {"mechanism": mechanism, "evidence": evidence, "arms": arms, "value": r.mean, "lo": r.lo, "hi": r.hi,
             "level": r.level, "method": r.method, "p": r.p, "test": "sign-flip, two-sided",
             "predicts": {1: "rises", -1: "falls", 0: "either way"}[predicted], "n": r.n, "verdict": verdict,

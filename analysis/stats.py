@@ -404,6 +404,18 @@ def min_pairs_sign_flip(alpha: float = ALPHA) -> int:
     return max(1, int(np.ceil(np.log2(2.0 / alpha) - 1e-12)))
 
 
+MIN_SEEDS_LEVEL = 3
+"""A level (one arm's mean against a bound, one-sided t) is tested from this many seeds on."""
+
+
+def too_few_seeds(n: int, test: str = "sign-flip", alpha: float = ALPHA) -> str | None:
+    """The verdict of a row whose test cannot decide at ``n`` seeds, else None: the exact two-sided
+    sign-flip test cannot reach α below :func:`min_pairs_sign_flip` pairs; a level's t-test is not run
+    below :data:`MIN_SEEDS_LEVEL` seeds."""
+    need = min_pairs_sign_flip(alpha) if test == "sign-flip" else MIN_SEEDS_LEVEL
+    return f"too few seeds ({n}; the test needs {need})" if n < need else None
+
+
 def sd_interval(sd: float, n: int, alpha: float = ALPHA) -> tuple[float, float]:
     """The (1 − α) χ² interval of a normal SD estimated from n values: sd·√((n−1)/χ²_{1−α/2}),
     sd·√((n−1)/χ²_{α/2}), both with n − 1 degrees of freedom. NaN below 2 values."""

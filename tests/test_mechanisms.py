@@ -153,3 +153,18 @@ def test_successor_rows_read_the_variant_metric_and_its_entropy_change():
         assert binds.value == pytest.approx(0.445) and binds.arms == kind
         assert binds.verdict == "acts"                                      # far above 0 and 0.01%, t-test
         assert "GSPO → entropy" not in rows.index                          # no such arm: no row
+
+
+def test_a_row_with_too_few_seeds_says_so_instead_of_acting():
+    """Issue 41: a level 'acted' from 2 seeds. Below 3 seeds a level is not tested, below 6 pairs the exact
+    two-sided sign-flip test cannot reach 0.05; the row says which."""
+    import pandas as pd
+
+    from analysis.mechanisms import _diff, _level
+    two = pd.Series([0.5, 0.6], index=[0, 1])
+    assert _level("clip binds", "x", "a", two, "fig3", above=0.1)["verdict"] == "too few seeds (2; the test needs 3)"
+    assert _level("clip binds", "x", "a", pd.Series([0.5, 0.6, 0.55]), "fig3", above=0.1)["verdict"] == "acts"
+    five = pd.Series([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert _diff("e", "x", "a", five * 0, five, "fig2", predicted=1)["verdict"] == "too few seeds (5; the test needs 6)"
+    six = pd.Series([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    assert _diff("e", "x", "a", six * 0, six, "fig2", predicted=1)["verdict"] == "acts"
