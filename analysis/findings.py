@@ -70,6 +70,13 @@ def what_this_shows(family: pd.DataFrame, matched: pd.DataFrame, exploratory: di
              "family; leads are exploratory rows with a Benjamini–Hochberg q ≤ 0.10 within their table.", ""]
     lines += [_finding(r, matched, unit, stopping) for r in decided.itertuples()] or ["- No finding: no row of "
                                                                                      "the primary family is decided."]
+    if stopping and len(open_rows):     # under a stopping rule a row before its first look is not tested yet
+        first = int(family.attrs["stopping"]["looks"][0])
+        waiting = open_rows[[not str(x).strip() for x in open_rows["looks_done"]]]
+        if len(waiting):
+            lines.append("- Not tested yet (the declared stopping rule's look 1 needs " + str(first) + " pairs): "
+                         + "; ".join(f"{r.comparison}, {int(r.n)} pairs so far" for r in waiting.itertuples()) + ".")
+            open_rows = open_rows.drop(waiting.index)
     if len(open_rows):
         holm = "p_seq_holm" if stopping else "p_holm"
         lines.append("- Not decided (inconclusive): " + "; ".join(

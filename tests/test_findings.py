@@ -63,3 +63,11 @@ def test_what_this_shows_states_findings_with_their_price_and_passes_the_claims_
     undecided = "\n".join(what_this_shows(_family(), m, {}, " points"))
     assert "No finding" in undecided and "Not decided (inconclusive): on vs off" in undecided
     assert check_text(undecided) == []
+
+
+def test_under_a_stopping_rule_rows_before_look_one_are_not_tested_yet():
+    fam = _family(looks_done="", look=0, p_seq_holm=float("nan"), n=3)
+    fam.attrs["stopping"] = {"looks": [10, 16], "spending": "pocock", "alpha": 0.05}
+    text = "\n".join(what_this_shows(fam, pd.DataFrame(columns=["off", "on"]), {}, " points"))
+    assert "Not tested yet (the declared stopping rule's look 1 needs 10 pairs): on vs off, 3 pairs so far" in text
+    assert "Not decided" not in text and check_text(text) == []
