@@ -192,7 +192,30 @@ def cmd_status(args) -> int:
         if r["state"] == "failed" and r["log"]:
             print(f"\n--- {r['arm']} seed {r['seed']} ({r['run_id']}) failed: {r['detail']}; "
                   f"last lines of {r['log']}:\n{r['log_tail']}")
+    if rows and counts.get("done") == len(rows):
+        print("\n" + "\n".join(end_summary(spec, expand(spec, args.output), args)))
     return 1 if counts.get("failed") else 0
+
+
+def end_summary(spec: Spec, jobs: list[Job], args) -> list[str]:
+    """What a finished sweep prints: its metric at each run's last evaluation (summary.json), mean per arm,
+    and the command that makes its report (whose final value is the mean of the last final_k evaluations)."""
+    import statistics
+    metric = spec.metric
+    per_arm: dict[str, list[float]] = {}
+    for j in jobs:
+        try:
+            v = json.loads((j.run_dir / "summary.json").read_text()).get("final_eval", {}).get(metric)
+        except (OSError, ValueError):
+            v = None
+        if isinstance(v, (int, float)):
+            per_arm.setdefault(j.label, []).append(float(v))
+    out = [f"every run of {spec.name} is done. {metric} at each run's last evaluation, mean over seeds "
+           f"(descriptive; the report tests the differences):"]
+    out += [f"  {label:<32} {statistics.fmean(v):.4f}  ({len(v)} seed{'s' if len(v) != 1 else ''})"
+            for label, v in per_arm.items()] or ["  (no run wrote a summary.json with that metric)"]
+    cmd = f"dapo figures {args.spec}" + ("" if str(args.output) == "runs" else f" --runs {args.output}")
+    return out + [f"report: {cmd}"]
 
 
 def cmd_cancel(args) -> int:

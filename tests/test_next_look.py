@@ -51,3 +51,23 @@ def test_next_look_refuses_a_spec_without_a_stopping_rule(tmp_path):
                         "--output", str(tmp_path)], capture_output=True, text=True, cwd=root, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert p.stderr.startswith("error: ") and "no stopping rule" in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_a_finished_sweep_prints_each_arms_last_evaluation_and_the_report_command(tmp_path):
+    import argparse
+    import dataclasses
+    import json
+
+    from dapo.sweep import end_summary, expand, load_spec
+    root = Path(__file__).resolve().parents[1]
+    spec = load_spec(root / "sweeps" / "table1-mini-replication.yaml")
+    spec = dataclasses.replace(spec, seeds=(10, 11), only_arms=("grpo", "dynamic_sampling"))
+    jobs = expand(spec, tmp_path)
+    for i, j in enumerate(jobs):
+        j.run_dir.mkdir(parents=True)
+        (j.run_dir / "summary.json").write_text(json.dumps({"final_eval": {spec.metric: 0.1 * (i + 1)}}))
+    out = end_summary(spec, jobs, argparse.Namespace(spec="sweeps/x.yaml", output=str(tmp_path)))
+    assert out[0].startswith("every run of table1-mini-replication is done. eval/arith-fresh/avg_at_64")
+    assert out[1].split() == ["naive", "GRPO", "0.1500", "(2", "seeds)"]                  # (0.1 + 0.2) / 2
+    assert out[2].split()[-3:] == ["0.3500", "(2", "seeds)"]
+    assert out[-1] == f"report: dapo figures sweeps/x.yaml --runs {tmp_path}"
