@@ -103,6 +103,6 @@ def format_learning(df: pd.DataFrame) -> pd.DataFrame:
                               if np.isfinite(lo) else _num(v, True)
                               for v, lo, hi, lv, m in zip(df["value"], df["lo"], df["hi"], df["level"], df["method"])],
         "p (sign-flip)": [format_p(p) for p in df["p"]],
-        "q (BH)": [format_p(q) for q in df["q"]],
+        "q (BH)": [format_p(q) for q in (df["q"] if "q" in df else [np.nan] * len(df))],
         "seeds": df["n"], "verdict (exploratory)": df["verdict"],
     })

@@ -365,7 +365,7 @@ def format_mechanisms(df: pd.DataFrame) -> pd.DataFrame:
                              for v, lo, hi, lv, m in zip(df["value"], df["lo"], df["hi"], df["level"], df["method"])],
         "predicts": df["predicts"],
         "p (test)": ["–" if not np.isfinite(p) else f"{format_p(p)} ({t})" for p, t in zip(df["p"], df["test"])],
-        "q (BH)": [format_p(q) for q in df["q"]],
+        "q (BH)": [format_p(q) for q in (df["q"] if "q" in df else [np.nan] * len(df))],
         "seeds": df["n"], "verdict (exploratory)": df["verdict"],
         "figure": [f"[{f}](figures/{f}.png)" for f in df["figure"]],
     })

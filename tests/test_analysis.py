@@ -624,7 +624,9 @@ def test_regenerate_from_snapshot_twice_gives_identical_bytes(store, tmp_path):
     assert main(["--from-snapshot", str(res / "snapshot"), "--formats", "png,pdf,svg"]) == 0
     second = files()
     assert first.keys() == second.keys() and {"figures/fig1.pdf", "figures/fig1.svg", "report.md"} <= first.keys()
-    assert [k for k in first if first[k] != second[k]] == []
+    import difflib
+    assert [k for k in first if first[k] != second[k]] == [], "".join(difflib.unified_diff(
+        first["report.md"].decode().splitlines(True), second["report.md"].decode().splitlines(True), n=0))[:3000]
 
 
 def test_old_option_names_still_work_with_a_deprecation_line(store, tmp_path, capsys):

@@ -35,15 +35,15 @@ def test_learning_by_hand():
     assert g["value"] == pytest.approx(11.25) and g["n"] == 2
     # 2 seeds: the sign-flip interval is [min, max] at level 1 − 2/4 = 50%, and p cannot go below 0.5
     assert g["lo"] == pytest.approx(7.5) and g["hi"] == pytest.approx(15.0) and g["p"] == pytest.approx(0.5)
-    assert g["level"] == 0.5 and g["method"] == "sign-flip" and g["verdict"] == "inconclusive"
+    assert g["level"] == 0.5 and g["method"] == "sign-flip" and g["verdict"] == "too few seeds (2; the test needs 6)"
     d = df[(df["arm"] == "dapo") & df["evidence"].str.startswith(EV)].iloc[0]
     # seed 0: mean(0.10, 0.10) - 0.20 = -0.10; seed 1: mean(0.20, 0.15) - 0.20 = -0.025
-    assert d["value"] == pytest.approx(-6.25) and d["hi"] < 0 and d["verdict"] == "inconclusive"
+    assert d["value"] == pytest.approx(-6.25) and d["hi"] < 0 and d["verdict"].startswith("too few seeds")
     r = df[(df["arm"] == "grpo") & (df["evidence"].str.startswith("rollout/reward_mean"))].iloc[0]
     # seed 0: last (1+1)/2 - first (-1-1)/2 = 2; seed 1: (0+1)/2 - (-1+0)/2 = 1 -> raw reward units
     assert (r["start"], r["end"], r["value"]) == pytest.approx((-0.75, 0.75, 1.5))
     assert list(df["arm"]) == ["grpo", "grpo", "dapo"]                  # no reward logged for dapo: no row
     shown = format_learning(df)
     assert shown["arm"].tolist()[0] == "naive GRPO"
-    assert shown["verdict (exploratory)"].tolist() == ["inconclusive"] * 3           # 2 seeds decide nothing
+    assert shown["verdict (exploratory)"].tolist() == ["too few seeds (2; the test needs 6)"] * 3   # 2 seeds decide nothing
     assert shown["start → end"].tolist()[0] == "20.0 → 31.2"   # 31.25, rounded half to even
