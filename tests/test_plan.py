@@ -345,7 +345,7 @@ def test_the_update_phase_matches_a_measured_peak_on_cpu(tmp_path):
     overhead), within -15 % / +20 %. Before the plan counted the logits' gradient and only the response
     positions' logits, it predicted 519 MiB for a measured ~690 (fp32) and ~640 (bf16). While it priced an
     unset train.logits_chunk_tokens as one chunk of every position (the code chunks ~16 MiB rows), measured /
-    plan was 0.79-0.82 (fp32); on this Intel machine, four runs now read 1.08-1.14 (fp32) and 0.93-1.02
+    plan was 0.79-0.82 (fp32); on an AMD EPYC (2 cores, beside a sweep), four runs now read 1.08-1.14 (fp32) and 0.93-1.02
     (bf16): the heap keeps freed 16 MiB chunks the plan does not count, so the upper side has more room."""
     from bench.plan_peak import SHAPES, run_row
     for bf16 in (False, True):
