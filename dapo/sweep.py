@@ -133,8 +133,22 @@ def _first_look(spec: Spec, args) -> Spec:
           file=sys.stderr)
     spec = dataclasses.replace(spec, seeds=spec.seeds[:n])
     if spec.family and not getattr(args, "arms", None):   # a declared family: only its arms are needed
-        spec = _only_arms(spec, ",".join(dict.fromkeys(a for pair in spec.family for a in pair)))
+        spec = _family_arms(spec)
     return spec
+
+
+def _family_arms(spec: Spec) -> Spec:
+    """The spec restricted to the arms its declared family compares."""
+    return _only_arms(spec, ",".join(dict.fromkeys(a for pair in spec.family for a in pair)))
+
+
+def _checked_submit(spec: Spec, profile: ClusterProfile, args) -> dict:
+    """Check that every arm fits the GPUs (dapo plan), then submit, declaring first (sources: checked
+    by the caller, before anything else it prints)."""
+    from dapo import launcher
+    check_sweep(spec, profile, log=lambda m: print(m, file=sys.stderr))
+    return launcher.submit(spec, profile, args.output, dry_run=args.dry_run, executor=args.executor,
+                           declare=lambda s: _declared(s, args))
 
 
 def _declared(spec: Spec, args) -> Spec:
@@ -149,15 +163,12 @@ def _declared(spec: Spec, args) -> Spec:
 
 
 def cmd_submit(args) -> int:
-    from dapo import launcher
     spec = _first_look(_spec(args), args)
     check_sources_exist(spec)
     for w in inert_overrides(expand(spec, args.output)):
         print(w, file=sys.stderr)
     profile = load_profile(args.cluster)
-    check_sweep(spec, profile, log=lambda m: print(m, file=sys.stderr))  # every arm fits the GPUs (dapo plan)
-    rec = launcher.submit(spec, profile, args.output, dry_run=args.dry_run, executor=args.executor,
-                          declare=lambda s: _declared(s, args))
+    rec = _checked_submit(spec, profile, args)
     if args.dry_run:
         print(f"dry run: {len(rec['jobs'])} job(s) would go to {profile.name} ({args.executor or profile.executor}); "
               f"{len(rec['skipped'])} skipped")
@@ -259,11 +270,9 @@ def cmd_next_look(args) -> int:
     if plan.arms:
         spec = _only_arms(spec, ",".join(plan.arms))
     elif full.family:
-        spec = _only_arms(spec, ",".join(dict.fromkeys(a for pair in full.family for a in pair)))
+        spec = _family_arms(spec)
     check_sources_exist(spec)
-    check_sweep(spec, profile, log=lambda m: print(m, file=sys.stderr))
-    rec = launcher.submit(spec, profile, args.output, dry_run=args.dry_run, executor=args.executor,
-                          declare=lambda s: _declared(s, args))
+    rec = _checked_submit(spec, profile, args)
     if args.dry_run:
         print(f"dry run: look {plan.next_look} would run {len(rec['jobs'])} job(s) ({len(rec['skipped'])} finished "
               f"or queued)")
