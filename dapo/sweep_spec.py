@@ -532,6 +532,9 @@ def _diff(cfg: Config, base: Config) -> dict[str, Any]:
 
 
 
+_UNSET = object()   # an override one arm has and the other has not
+
+
 def inert_overrides(jobs: list[Job]) -> list[str]:
     """One warning per pair of arms that train identically: they differ only in keys that cannot change
     training under their other settings (:func:`dapo.config.inert_keys`), so the sweep runs one arm twice
@@ -552,9 +555,8 @@ def inert_overrides(jobs: list[Job]) -> list[str]:
         for b in arms_[i + 1:]:
             if effective[a][0] != effective[b][0]:
                 continue
-            keys = sorted(set(first[a].overrides) ^ set(first[b].overrides)
-                          | {k for k in set(first[a].overrides) & set(first[b].overrides)
-                             if first[a].overrides[k] != first[b].overrides[k]})
+            oa, ob = first[a].overrides, first[b].overrides
+            keys = sorted(k for k in oa.keys() | ob.keys() if oa.get(k, _UNSET) != ob.get(k, _UNSET))
             why = "; ".join(f"{k}: {effective[a][1].get(k) or effective[b][1].get(k)}" for k in keys) or "no key"
             out.append(f"warning: arms {a} and {b} train identically: they differ only in keys that have no "
                        f"effect here ({why})")
