@@ -23,7 +23,7 @@ from dapo.config import flatten
 from .metric_names import primary_metric
 from .runs import ArmInfo, SweepInfo, arm_order
 
-__all__ = ["TOGGLES", "DAPO_TOGGLES", "PAPER_STEP", "PAPER_FULL_STEP", "paper_delta", "Toggle", "Pair", "dapo_pairs", "toggle_state", "arm_configs", "flat_arm_configs", "arms_with_runs",
+__all__ = ["TOGGLES", "DAPO_TOGGLES", "PAPER_STEP", "PAPER_FULL_STEP", "PAPER_BASE", "paper_point", "paper_delta", "arm_paper_value", "Toggle", "Pair", "dapo_pairs", "toggle_state", "arm_configs", "flat_arm_configs", "arms_with_runs",
            "find_pair", "exact_pairs", "toggle_states", "dapo_arm", "baseline_arm", "infer_sweep_info",
            "grid_change"]
 
@@ -117,25 +117,60 @@ PAPER_FULL_STEP = sum(PAPER_STEP.values())
 """The paper's naive GRPO → DAPO difference (30 → 50): the sum of the steps."""
 
 
+PAPER_BASE = 30.0
+"""Naive GRPO in the paper's Table 1 (AIME 2024 avg@32); each further row adds the next :data:`PAPER_STEP`."""
+
+
+def _toggles_known(flat_cfg: dict[str, Any]) -> bool:
+    """Whether every toggle's state can be read off the config (a sweep's overrides alone often cannot)."""
+    return all(toggle_state(flat_cfg, t) is not None for t in TOGGLES)
+
+
+def paper_point(flat_cfg: dict[str, Any]) -> float | None:
+    """The paper's Table 1 value of a configuration the paper ran, else None.
+
+    Table 1 ran six configurations: naive GRPO (30) and each prefix of its techniques in their order
+    (overlong filtering 36, + Clip-Higher 38, + soft punishment 41, + token-level loss 42, + dynamic
+    sampling 50). A configuration is one of them when its DAPO toggles are such a prefix and no
+    successor's toggle is on; any other (a technique on while an earlier one is off, GSPO, staleness,
+    a toggle whose key the config lacks) is a configuration the paper never ran."""
+    states = {t: toggle_state(flat_cfg, t) for t in TOGGLES}
+    if not _toggles_known(flat_cfg) or any(states[t] for t in TOGGLES if t not in DAPO_TOGGLES):
+        return None
+    on = [bool(states[t]) for t in DAPO_TOGGLES]
+    j = sum(on)
+    return PAPER_BASE + sum(PAPER_STEP[t] for t in DAPO_TOGGLES[:j]) if all(on[:j]) else None
+
+
 def paper_delta(off: ArmInfo, on: ArmInfo, flat: dict[str, dict] | None = None) -> float:
-    """The paper's Δ for the pair ``off`` → ``on``. A pair that switches on exactly one technique gets
-    that technique's Table 1 step (:data:`PAPER_STEP`: a pair that isolates Clip-Higher gets +2,
-    whatever paper values its arms carry); any other pair gets on.paper − off.paper when the sweep
-    gives both (naive GRPO 30 → DAPO 50: +20), else, when every technique it changes goes from off to
-    on, the sum of their steps (a 2 × 2's corner); else NaN. ``flat``: {arm: flattened config}
-    (:func:`flat_arm_configs`)."""
-    diff: list[str] = []
-    if flat and off.name in flat and on.name in flat:
-        states = toggle_states(flat[off.name], flat[on.name])
-        if all(a is not None and b is not None for a, b in states.values()):
-            diff = [t for t, (a, b) in states.items() if a != b]
-            if not all(states[t] == (False, True) for t in diff):
-                diff = []
-    if len(diff) == 1 and diff[0] in PAPER_STEP:
-        return PAPER_STEP[diff[0]]
+    """The paper's Δ for the pair ``off`` → ``on``, only where the paper has that comparison.
+
+    With both arms' flattened configs (``flat``: {arm: config}, :func:`flat_arm_configs`, every toggle
+    readable), both must be configurations Table 1 ran (:func:`paper_point`) and differ in nothing but
+    the DAPO techniques' keys;
+    the Δ is then the difference of their rows (+ Clip-Higher after overlong filtering: +2; naive GRPO →
+    DAPO: +20). A technique isolated in another context (dynamic sampling without soft punishment, a
+    2 × 2's off-ladder corner, a successor's arm) gets NaN: the paper never ran it, so it predicts no
+    direction there. Without both configs: on.paper − off.paper when the sweep gives both, else NaN."""
+    if flat and off.name in flat and on.name in flat and all(map(_toggles_known, (flat[off.name], flat[on.name]))):
+        a, b = flat[off.name], flat[on.name]
+        p_off, p_on = paper_point(a), paper_point(b)
+        technique_keys = {k for t in DAPO_TOGGLES for k in TOGGLES[t].keys}
+        others_equal = not any(_differ(a.get(k), b.get(k)) for k in set(a) | set(b) if k not in technique_keys)
+        return p_on - p_off if p_off is not None and p_on is not None and others_equal else float("nan")
     if off.paper is not None and on.paper is not None:
         return float(on.paper) - float(off.paper)
-    return float(sum(PAPER_STEP[t] for t in diff)) if diff and all(t in PAPER_STEP for t in diff) else float("nan")
+    return float("nan")
+
+
+def arm_paper_value(arm: ArmInfo, flat: dict[str, dict] | None = None) -> float:
+    """The paper's Table 1 value beside an arm: :func:`paper_point` of its config when every toggle can
+    be read off it (NaN for a configuration the paper never ran, whatever the sweep's ``paper:`` says),
+    else the sweep's value, else NaN."""
+    if flat and arm.name in flat and _toggles_known(flat[arm.name]):
+        v = paper_point(flat[arm.name])
+        return float("nan") if v is None else float(v)
+    return float(arm.paper) if arm.paper is not None else float("nan")
 
 
 def _settings(label: str) -> dict[str, str] | None:

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .arms import (DAPO_TOGGLES, arms_with_runs, baseline_arm, dapo_arm, exact_pairs, flat_arm_configs, grid_change,
-                   paper_delta, toggle_states)
+                   arm_paper_value, paper_delta, toggle_states)
 from .metric_names import (dataset_name, equivalence_margin, is_paper_metric, mask_undefined, metric_scale,
                            metric_short, primary_metric)
 from .runs import ArmInfo, SweepInfo
@@ -183,8 +183,8 @@ def table1(tidy: pd.DataFrame, sweep_info: SweepInfo, final_k: int | None = 3, *
     """One row per arm of the sweep (sweep order; arms without runs have n_seeds 0), numeric columns:
 
     arm, label; ours, ci_lo, ci_hi (% if the metric is an accuracy in [0, 1]; the 95% Student-t
-    interval over seeds, :func:`analysis.stats.t_interval`); n_seeds; paper (the sweep's value,
-    %); diff = ours − paper, only when the metric is the paper's own (AIME 2024 avg@32,
+    interval over seeds, :func:`analysis.stats.t_interval`); n_seeds; paper (Table 1's value for the
+    arm's configuration, NaN for one the paper never ran: :func:`analysis.arms.arm_paper_value`; %); diff = ours − paper, only when the metric is the paper's own (AIME 2024 avg@32,
     ``metric_names.is_paper_metric``), else NaN; grad_steps, rollout_steps (mean over seeds of
     each run's last step); wall_min (mean over seeds of each run's loop minutes, :func:`loop_seconds`).
     Ladders only, the row vs the row above, from the primary family (:func:`family_table`; NaN on the
@@ -204,13 +204,14 @@ def table1(tidy: pd.DataFrame, sweep_info: SweepInfo, final_k: int | None = 3, *
     rows = []
     names = {a.name for a in sweep_info.arms}
     arms = list(sweep_info.arms) + [a for a in arms_with_runs(tidy, sweep_info) if a.name not in names]
+    acfg = flat_arm_configs(tidy, sweep_info, configs)
     prev = None
     for arm in arms:
         f = finals.loc[finals["arm"] == arm.name, "final"].to_numpy(dtype=float)
         iv = t_interval(f)
         pr = per_run[per_run["arm"] == arm.name]
         ours = iv.mean * scale
-        paper = float(arm.paper) if arm.paper is not None else np.nan
+        paper = arm_paper_value(arm, acfg)
         step = fam[(fam["off"] == prev.name) & (fam["on"] == arm.name)] if prev is not None and len(fam) else fam[:0]
         rows.append({
             "arm": arm.name, "label": arm.label, "ours": ours, "ci_lo": iv.lo * scale, "ci_hi": iv.hi * scale,

@@ -792,9 +792,36 @@ def test_toggles_of_older_runs_and_the_paper_steps():
     flat = {"grpo": old, "gspo": {**old, "algo.policy_loss": "gspo"},
             "clip": {**old, "algo.clip.eps_high": 0.28}, "dapo": dapo}
     assert math.isnan(paper_delta(a, b, flat))
-    assert paper_delta(ArmInfo("grpo", paper=30), ArmInfo("gspo", paper=31), flat) == 1.0
-    assert paper_delta(a, ArmInfo("clip"), flat) == PAPER_STEP["clip_higher"]
+    assert paper_delta(ArmInfo("grpo", paper=30), ArmInfo("gspo", paper=31)) == 1.0   # no configs: the sweep's values
+    assert math.isnan(paper_delta(ArmInfo("grpo", paper=30), ArmInfo("gspo", paper=31), flat))   # configs first
     assert paper_delta(a, ArmInfo("dapo"), flat) == sum(PAPER_STEP.values())
+
+
+def test_paper_delta_only_where_the_paper_ran_the_comparison():
+    """Table 1 ran naive GRPO and each prefix of its techniques: a pair of two of those rows gets their
+    difference; a technique isolated anywhere else (Clip-Higher without overlong filtering, a 2 × 2's
+    dynamic sampling without soft punishment, a staleness arm) gets NaN, so its verdict can only say 'differs'."""
+    from analysis.arms import paper_delta, paper_point
+    from analysis.runs import ArmInfo
+    grpo = {"algo.clip.eps_high": 0.2, "algo.clip.eps_low": 0.2, "algo.loss_agg": "seq_mean_token_mean",
+            "algo.overlong.filter": False, "algo.overlong.soft_punish": False, "algo.dynamic_sampling.enabled": False}
+    filt = {**grpo, "algo.overlong.filter": True}
+    clip = {**filt, "algo.clip.eps_high": 0.28}
+    soft = {**clip, "algo.overlong.soft_punish": True}
+    tok = {**soft, "algo.loss_agg": "token_mean"}
+    dapo = {**tok, "algo.dynamic_sampling.enabled": True}
+    assert [paper_point(c) for c in (grpo, filt, clip, soft, tok, dapo)] == [30, 36, 38, 41, 42, 50]
+    ds_no_soft = {**dapo, "algo.overlong.soft_punish": False}
+    tok_no_soft = {**tok, "algo.overlong.soft_punish": False}
+    flat = {"grpo": grpo, "filt": filt, "clip": clip, "clip_alone": {**grpo, "algo.clip.eps_high": 0.28},
+            "tok": tok, "dapo": dapo, "tok_no_soft": tok_no_soft, "ds_no_soft": ds_no_soft,
+            "dapo_stale": {**dapo, "train.staleness": 2}, "dapo_other_lr": {**dapo, "optim.lr": 2e-6}}
+    d = lambda a, b: paper_delta(ArmInfo(a), ArmInfo(b), flat)  # noqa: E731
+    assert (d("filt", "clip"), d("tok", "dapo"), d("grpo", "dapo"), d("clip", "tok")) == (2.0, 8.0, 20.0, 4.0)
+    assert paper_point(ds_no_soft) is None and paper_point(flat["clip_alone"]) is None
+    for a, b in (("grpo", "clip_alone"), ("tok_no_soft", "ds_no_soft"), ("dapo", "dapo_stale"),
+                 ("dapo", "dapo_other_lr")):
+        assert math.isnan(d(a, b)), (a, b)
 
 
 @pytest.mark.slow
