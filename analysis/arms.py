@@ -132,12 +132,14 @@ def paper_point(flat_cfg: dict[str, Any]) -> float | None:
     Table 1 ran six configurations: naive GRPO (30) and each prefix of its techniques in their order
     (overlong filtering 36, + Clip-Higher 38, + soft punishment 41, + token-level loss 42, + dynamic
     sampling 50). A configuration is one of them when its DAPO toggles are such a prefix and no
-    successor's toggle is on; any other (a technique on while an earlier one is off, GSPO, staleness,
-    a toggle whose key the config lacks) is a configuration the paper never ran."""
+    successor's toggle is on; once soft punishment is on, overlong filtering may be either (Table 1
+    stacks both, the final DAPO run used the punishment alone). Any other configuration (a technique
+    on while an earlier one is off, GSPO, staleness, a toggle whose key the config lacks) is one the
+    paper never ran."""
     states = {t: toggle_state(flat_cfg, t) for t in TOGGLES}
     if not _toggles_known(flat_cfg) or any(states[t] for t in TOGGLES if t not in DAPO_TOGGLES):
         return None
-    on = [bool(states[t]) for t in DAPO_TOGGLES]
+    on = [bool(states[t]) or (t == "overlong_filter" and bool(states["soft_punish"])) for t in DAPO_TOGGLES]
     j = sum(on)
     return PAPER_BASE + sum(PAPER_STEP[t] for t in DAPO_TOGGLES[:j]) if all(on[:j]) else None
 
@@ -147,7 +149,7 @@ def paper_delta(off: ArmInfo, on: ArmInfo, flat: dict[str, dict] | None = None) 
 
     With both arms' flattened configs (``flat``: {arm: config}, :func:`flat_arm_configs`, every toggle
     readable), both must be configurations Table 1 ran (:func:`paper_point`) and differ in nothing but
-    the DAPO techniques' keys;
+    the DAPO techniques' keys, in two different rows;
     the Δ is then the difference of their rows (+ Clip-Higher after overlong filtering: +2; naive GRPO →
     DAPO: +20). A technique isolated in another context (dynamic sampling without soft punishment, a
     2 × 2's off-ladder corner, a successor's arm) gets NaN: the paper never ran it, so it predicts no
@@ -157,7 +159,8 @@ def paper_delta(off: ArmInfo, on: ArmInfo, flat: dict[str, dict] | None = None) 
         p_off, p_on = paper_point(a), paper_point(b)
         technique_keys = {k for t in DAPO_TOGGLES for k in TOGGLES[t].keys}
         others_equal = not any(_differ(a.get(k), b.get(k)) for k in set(a) | set(b) if k not in technique_keys)
-        return p_on - p_off if p_off is not None and p_on is not None and others_equal else float("nan")
+        ran = p_off is not None and p_on is not None and p_off != p_on and others_equal
+        return p_on - p_off if ran else float("nan")
     if off.paper is not None and on.paper is not None:
         return float(on.paper) - float(off.paper)
     return float("nan")

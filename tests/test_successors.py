@@ -815,10 +815,13 @@ def test_paper_delta_only_where_the_paper_ran_the_comparison():
     tok_no_soft = {**tok, "algo.overlong.soft_punish": False}
     flat = {"grpo": grpo, "filt": filt, "clip": clip, "clip_alone": {**grpo, "algo.clip.eps_high": 0.28},
             "tok": tok, "dapo": dapo, "tok_no_soft": tok_no_soft, "ds_no_soft": ds_no_soft,
-            "dapo_stale": {**dapo, "train.staleness": 2}, "dapo_other_lr": {**dapo, "optim.lr": 2e-6}}
+            "dapo_stale": {**dapo, "train.staleness": 2}, "dapo_no_filter": {**dapo, "algo.overlong.filter": False}, "dapo_other_lr": {**dapo, "optim.lr": 2e-6}}
     d = lambda a, b: paper_delta(ArmInfo(a), ArmInfo(b), flat)  # noqa: E731
     assert (d("filt", "clip"), d("tok", "dapo"), d("grpo", "dapo"), d("clip", "tok")) == (2.0, 8.0, 20.0, 4.0)
     assert paper_point(ds_no_soft) is None and paper_point(flat["clip_alone"]) is None
+    no_filter = {**dapo, "algo.overlong.filter": False}          # the final DAPO run: the punishment alone
+    assert paper_point(no_filter) == 50 and d("grpo", "dapo_no_filter") == 20.0
+    assert math.isnan(d("dapo", "dapo_no_filter"))               # one row of Table 1 twice: no comparison
     for a, b in (("grpo", "clip_alone"), ("tok_no_soft", "ds_no_soft"), ("dapo", "dapo_stale"),
                  ("dapo", "dapo_other_lr")):
         assert math.isnan(d(a, b)), (a, b)
