@@ -8,6 +8,8 @@
     dapo sweep expand|submit|status|cancel SPEC ...   ablation sweeps (Slurm / local)
     dapo plan EXP [k=v ...] --cluster PROFILE   will it fit the GPUs, how long is a step
     dapo figures SPEC [--runs DIR] [--to DIR]   figures, Table 1 and report.md
+    dapo diff RUN_A RUN_B [--metrics A,B] [--json]   config keys that differ, metrics side by side
+    dapo export RUN [--step S] --to DIR   a run's checkpoint as a Hugging Face model directory
     dapo base                         build (or reuse) the tiny supervised base model
     dapo demo                         the README's first command: GRPO vs DAPO end to end
 """
@@ -32,6 +34,10 @@ COMMANDS = {
                                    "--from-snapshot) into --to DIR"),
     "eval": ("dapo.eval_cmd", "evaluate a run's checkpoint, a model dir or a named model by a protocol: k samples "
                               "per problem, pass@k / maj@k curves, per-sample records (resumable)"),
+    "diff": ("dapo.diff_cmd", "two runs compared: the config keys that differ (A's value, B's) and the headline "
+                              "metrics side by side at the rollout steps both logged"),
+    "export": ("dapo.export_cmd", "write a run's checkpoint (--step S, default the latest) as a Hugging Face model "
+                                  "dir (safetensors, tokenizer): from_pretrained and `dapo eval DIR` load it"),
     "base": ("dapo.base_model", "build (or reuse) the tiny supervised base model of the mini reproduction"),
     "demo": ("dapo.demo", "GRPO vs DAPO on the tiny model, end to end, into results/demo/"),
 }

@@ -60,3 +60,28 @@ def test_a_readme_command_names_real_flags_files_and_keys(cmd):
             assert (REPO / w).is_file(), f"{cmd}: {w} does not exist"
         elif "=" in w and not w.startswith("-") and re.fullmatch(r"[a-z_]+(\.[a-z_0-9]+)+=.*", w):
             assert w.split("=")[0] in _keys(), f"{cmd}: {w.split('=')[0]} is not a config key"
+
+
+PARSED = ("diff", "export", "eval")
+"""Subcommands whose module has a ``parser()``: their README lines must also parse with it (a missing
+positional, a flag's bad value or a wrong choice fails here, not on the user's first try)."""
+
+
+@pytest.mark.parametrize("cmd", [c for c in readme_commands() if c.split()[1] in PARSED])
+def test_a_readme_command_parses_with_its_commands_own_parser(cmd):
+    import importlib
+
+    from dapo.cli import COMMANDS
+    words = shlex.split(cmd)[1:]
+    parser = importlib.import_module(COMMANDS[words[0]][0]).parser()
+    try:
+        parser.parse_intermixed_args(words[1:])
+    except SystemExit as exc:
+        pytest.fail(f"{cmd}: `dapo {words[0]}` refuses it (exit {exc.code})")
+
+
+def test_the_readme_shows_dapo_diff_and_dapo_export():
+    """Issue 41: the two run-inspection commands each have a line the tests above check."""
+    subs = [shlex.split(c)[1] for c in readme_commands()]
+    assert subs.count("diff") >= 2 and subs.count("export") >= 2
+    assert any("--json" in c for c in readme_commands() if c.startswith("dapo diff "))
