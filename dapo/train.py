@@ -6,7 +6,7 @@ call per step, each in its own module:
     sample prompts → generate G responses each → score → dynamic sampling (keep 0 < #correct < G,
     refill)                                                                    dapo/rollout.py
     → group advantages                                                         dapo/algo.py
-    → old log-probs (trainer's model)                                          dapo/logprobs.py
+    → the behaviour policy: π_old, π_rollout, loss mask, token weights         dapo/behaviour.py
     → μ mini-batch updates (token-level loss, AdamW, warm-up, grad clip)       dapo/update.py
     → weight sync into the engine                                              dapo/weight_sync.py
     → eval (avg@k, pass@k, cons@k)                                             dapo/evaluate.py
@@ -32,21 +32,21 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from dapo import algo, corrections, eval_records, faults
+from dapo import algo, eval_records, faults
 from dapo.base_model import resolve_policy_path
+from dapo.behaviour import Behaviour, Inputs, behaviour_policy
 from dapo.checkpoint import latest_checkpoint, load_latest, save_checkpoint, save_final_model
 from dapo.config import Config, config_hash, flatten, to_dict
-from dapo.distributed import (all_reduce_tensor_sum, barrier, broadcast_object, destroy_distributed,
-                              final_state_dict, init_distributed, set_cpu_threads)
+from dapo.distributed import (barrier, broadcast_object, destroy_distributed, final_state_dict, init_distributed,
+                              set_cpu_threads)
 from dapo.evaluate import eval_seed, evaluate
-from dapo.logprobs import old_logprobs, response_loss_mask, response_mask, rollout_logprobs, single_step_on_policy
+from dapo.logprobs import old_logprobs
 from dapo.preemption import StepBoundarySignal
 from dapo.rollout import make_rollout_engine, rollout_with_retry, round_seed
 from dapo.run_data import load_run_data
 from dapo.run_dir import hold_run_dir, run_dir_for
 from dapo.tracking import mark_run_ended
-from dapo.update import (NonFiniteError, Policy, StepStats, build_policy, mean_metrics, old_policy_metrics,
-                         update_policy)
+from dapo.update import NonFiniteError, Policy, build_policy, mean_metrics, update_policy
 from dapo.weight_sync import push_weights, release_engine
 
 __all__ = ["train", "run_dir_for", "main", "Timer"]
@@ -104,8 +104,11 @@ class Run:
 
 
 # =========================================================================== the loop
-def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[str, str] | None = None) -> dict[str, Any]:
+def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[str, str] | None = None,
+          new_mlflow_run: bool = False) -> dict[str, Any]:
     """Run (or resume) one training run; returns a summary dict (also saved as summary.json).
+    ``new_mlflow_run``: a resumed run logs its remaining steps to a new MLflow run (``dapo train
+    --new-mlflow-run``: its store was lost), tagged ``dapo.history_from_step``.
 
     If the run raises, its MLflow run (if one was created) is ended FAILED (KILLED for an
     interrupt or exit) with the reason in the ``dapo.error`` tag, so no crashed run is left
@@ -119,7 +122,7 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
     boundary = StepBoundarySignal() if cfg.checkpoint.on_preempt == "step_boundary" else contextlib.nullcontext()
     with hold_run_dir(run_dir, enabled=main_rank), boundary as preemption:
         try:
-            return _train(cfg, run_dir, tags=tags, preemption=preemption)
+            return _train(cfg, run_dir, tags=tags, preemption=preemption, new_mlflow_run=new_mlflow_run)
         except BaseException as exc:
             if main_rank:
                 mark_run_ended(run_dir, exc)
@@ -127,16 +130,11 @@ def train(cfg: Config, run_dir: str | os.PathLike | None = None, *, tags: dict[s
 
 
 def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None,
-           preemption: StepBoundarySignal | None = None) -> dict[str, Any]:
+           preemption: StepBoundarySignal | None = None, new_mlflow_run: bool = False) -> dict[str, Any]:
     from tqdm.auto import tqdm
-    run = _start_run(cfg, run_dir, tags)          # processes, policy, data, resume, tracking, engine
-    policy, state, tracker = run.policy, run.state, run.tracker
-    eval0 = broadcast_object(run.is_main and not tracker.has_point(0), policy.world)   # all ranks evaluate
-    if state["rollout_step"] == 0 and cfg.eval.at_start and eval0:
-        t = time.time()
-        ev = _evaluate(run, 0)                    # grad step 0: the model before training
-        tracker.record({**ev, "time/eval_s": time.time() - t}, rollout_step=0, grad_step=0)
-        run.log("eval @0: " + _fmt(ev))
+    run = _start_run(cfg, run_dir, tags, new_mlflow_run)   # processes, policy, data, resume, tracking, engine
+    policy, state = run.policy, run.state
+    _evaluate_at_start(run)                       # grad step 0: the model before training
     total = cfg.train.rollout_steps
     bar = tqdm(total=total, initial=state["rollout_step"], desc="rollout steps", unit="step",
                disable=not (run.is_main and cfg.logging.progress), dynamic_ncols=True)
@@ -151,43 +149,14 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None,
         # 4. group advantages from the shaped reward: [N]
         adv = algo.group_advantages(batch.rewards, eps=cfg.algo.adv_eps, std=cfg.algo.advantage.std,
                                     baseline=cfg.algo.advantage.baseline).reshape(-1)
-        # 5. π_old log-probs [N, L] (skipped when one optimizer step uses the batch: π_old is then
-        #    the update's own forward, see single_step_on_policy) and the loss mask [N, L]
-        #    (bypass: π_old := π_rollout, no pass) and the loss mask [N, L]. With algo.top_entropy_quantile < 1
-        #    only the highest-entropy tokens of π_old stay in the loss mask (that needs π_old's forward, so it
-        #    is never skipped then, nor with a rollout correction).
+        # 5. the behaviour policy (dapo.behaviour): π_old and π_rollout [N, L] (π_old None: the update's own
+        #    forward), the loss mask and the token weights [N, L], and their metrics
         with timer("old_logprob"):
-            rollout_lp = rollout_logprobs(batch)                                      # [N, L] log π_rollout
-            top_q = cfg.algo.top_entropy_quantile
-            on_policy = (single_step_on_policy(cfg, batch.num_groups) and top_q >= 1.0
-                         and cfg.algo.rollout_correction.mode == "none")
-            if cfg.algo.old_logprobs == "rollout":
-                old_lp, ent, resp_mask = _need_rollout_lp(rollout_lp), None, response_mask(batch)
-            else:
-                old_lp, ent, resp_mask = ((None, None, response_mask(batch)) if on_policy else
-                                          old_logprobs(policy.module, batch, cfg, policy.pad_id, policy.device,
-                                                       policy.autocast, policy.rank, policy.world,
-                                                       entropy="rows" if top_q < 1.0 else "local"))
-            loss_mask = response_loss_mask(resp_mask, batch.finished, cfg.algo.overlong.filter)
-            loss_mask = algo.mask_groups(loss_mask, batch.in_loss)   # dynamic sampling mode=mask: out of the loss
-            selection = {}
-            if top_q < 1.0:
-                before = float(loss_mask.sum())
-                loss_mask = loss_mask * algo.top_entropy_mask(ent, loss_mask, top_q)
-                selection = {StepStats.metric("entropy_kept_frac"): float(loss_mask.sum()) / max(before, 1.0)}
-        # 5b. the behaviour policy: mismatch π_old vs π_rollout, and its correction (per-token loss weights w
-        #     [N, L] or None, rejections out of the loss mask)
-        weight, loss_mask, mismatch = _behaviour(cfg, old_lp, rollout_lp, resp_mask, loss_mask)
-        mismatch.update(_advantage_stats(adv, loss_mask, weight))
-        with timer("old_logprob"):
-            mismatch.update(_lag_split(run, batch, old_lp, rollout_lp, resp_mask, r))   # staleness: kernel / lag
+            beh = _behaviour(run, batch, adv, r)
         # 6. μ optimizer steps (mini-batches × ppo_epochs), micro-batch accumulation: [μ] StepStats
-        own_lp = _own_logp_buffer(cfg, old_lp, rollout_lp, resp_mask)
         with timer("train"):
-            steps = _update(run, batch, old_lp, adv, loss_mask, r, own_logp=own_lp, token_weight=weight)
-        if own_lp is not None:   # one optimizer step, no π_old pass: π_old is the update's own first forward
-            own_lp = all_reduce_tensor_sum(own_lp, policy.world)
-            mismatch.update(corrections.mismatch_metrics(own_lp, rollout_lp, resp_mask))
+            steps = _update(run, batch, beh, adv, r)
+        behaviour_metrics = beh.after_update(policy.world)   # π_old the update's own forward: its mismatch
         state["grad_step"] += len(steps)
         if run.lagged is not None:
             run.lagged.record(r, policy.module)
@@ -202,26 +171,11 @@ def _train(cfg: Config, run_dir: Path, *, tags: dict[str, str] | None,
         with timer("eval"):
             ev = _evaluate(run, r) if evaluating else {}
         # 9. log (buffered; sent to MLflow right after the next checkpoint)
-        metrics = {**batch.stats, **ev, **mean_metrics(steps), **mismatch, **selection, **offpolicy,
-                   **({} if ent is None else old_policy_metrics(old_lp, ent, resp_mask,
-                                                                1 if top_q < 1.0 else policy.world)),
+        metrics = {**batch.stats, **ev, **mean_metrics(steps), **behaviour_metrics, **offpolicy,
                    "train/grad_steps": len(steps), **timer.metrics()}
-        gen_tok, train_tok = _tokens(batch, resp_mask, cfg)
-        metrics.update(_throughput(metrics, gen_tok, train_tok))
-        state["gen_tokens"] = state.get("gen_tokens", 0) + gen_tok          # the run's totals (summary.json;
-        state["trained_tokens"] = state.get("trained_tokens", 0) + train_tok  # checkpointed, so resumes add up)
-        state["rollout_step"] = r
-        tracker.record(metrics, rollout_step=r, grad_step=state["grad_step"])
-        bar.update(1)
-        run.log(_step_line(r, total, state["grad_step"], metrics, batch, ev))
+        _log_step(run, r, batch, beh.resp_mask, metrics, ev, bar)
         # 10. checkpoint, then flush the buffered metrics (exactly-once logging); also when a rank got USR2
-        preempted = preemption is not None and preemption.pending(policy.world)
-        if (cfg.checkpoint.every and r % cfg.checkpoint.every == 0) or r == total or preempted:
-            _checkpoint(run, r)
-        if preempted:
-            _publish_pending(run)
-            run.log(f"preemption signal: checkpointed at rollout step {r}; handing over (requeue or exit)")
-            preemption.hand_over()
+        _checkpoint_step(run, r, preemption)
     bar.close()
     _publish_pending(run)                         # checkpoint.async_save: the last one, before the summary
     return _finish(run)
@@ -267,78 +221,53 @@ def _push_lagged(run: Run, r: int) -> dict[str, float]:
     return {"offpolicy/staleness": float(r - 1 - v)}
 
 
-def _lag_split(run: Run, batch, old_lp, rollout_lp, resp_mask, r: int) -> dict[str, float]:
-    """train.staleness = k with π_old from the trainer: ``mismatch/kernel/*`` and ``mismatch/lag/*``
-    (`dapo.staleness.split_mismatch`), from one more forward of the trainer with the weights that
-    sampled step r's rollouts (update r-1-k, still kept: the update of step r is recorded after it)."""
-    if run.lagged is None or old_lp is None or rollout_lp is None or run.cfg.algo.old_logprobs == "rollout":
-        return {}
-    from dapo.staleness import split_mismatch, swapped_weights
+def _behaviour(run: Run, batch, adv: torch.Tensor, r: int) -> Behaviour:
+    """Step 5 (:func:`dapo.behaviour.behaviour_policy`) for step r's batch, adv [N]: the trainer's forwards
+    are those of its model as it is and, with train.staleness, with the weights that sampled (:func:`_lag_logprobs`)."""
+    lag = None if run.lagged is None else (lambda: _lag_logprobs(run, batch, r))
+    return behaviour_policy(Inputs(run.cfg, batch, adv, lambda entropy: _trainer_logprobs(run, batch, entropy),
+                                   lag, run.policy.world))
+
+
+def _trainer_logprobs(run: Run, batch, entropy: str):
+    """:func:`dapo.logprobs.old_logprobs` of the trainer's model: (logp [N, L], entropy [N, L] or None
+    (``entropy``: one of its ENTROPY_MODES), resp_mask [N, L])."""
     p = run.policy
+    return old_logprobs(p.module, batch, run.cfg, p.pad_id, p.device, p.autocast, p.rank, p.world, entropy=entropy)
+
+
+def _lag_logprobs(run: Run, batch, r: int) -> torch.Tensor:
+    """train.staleness = k: [N, L] log-probs of one more forward of the trainer with the weights that sampled
+    step r's rollouts (update r-1-k, still kept: the update of step r is recorded after it)."""
+    from dapo.staleness import swapped_weights
     _, weights = run.lagged.for_step(r)
-    with swapped_weights(p.module, weights):
-        lag_lp, _, _ = old_logprobs(p.module, batch, run.cfg, p.pad_id, p.device, p.autocast, p.rank, p.world,
-                                    entropy="none")
-    return split_mismatch(corrections.mismatch_metrics, old_lp, lag_lp, rollout_lp, resp_mask)
+    with swapped_weights(run.policy.module, weights):
+        return _trainer_logprobs(run, batch, "none")[0]
 
 
-def _advantage_stats(adv: torch.Tensor, loss_mask: torch.Tensor, weight: torch.Tensor | None = None) -> dict[str, float]:
-    """``rollout/adv_abs_mean`` (mean |Â|, Â·w with a correction's weights [N, L]) and ``rollout/adv_zero_frac``
-    (Â·w = 0) over the loss tokens."""
-    a = (adv[:, None] if adv.dim() == 1 else adv).expand_as(loss_mask)
-    a = a if weight is None else a * weight
-    n = float(loss_mask.sum())
-    if n == 0:
-        return {}
-    return {"rollout/adv_abs_mean": float((a.abs() * loss_mask).sum()) / n,
-            "rollout/adv_zero_frac": float(((a == 0).float() * loss_mask).sum()) / n}
-
-
-def _need_rollout_lp(rollout_lp):
-    if rollout_lp is None:
-        raise RuntimeError("algo.old_logprobs=rollout / algo.rollout_correction need the rollout engine's "
-                           "log-probs, and this engine returned none")
-    return rollout_lp
-
-
-def _behaviour(cfg: Config, old_lp, rollout_lp, resp_mask, loss_mask):
-    """Step 5b (dapo.corrections): ``mismatch/*`` of π_old vs π_rollout where both exist (not under bypass,
-    where they are one), and ``algo.rollout_correction``: (per-token loss weights [N, L] or None, loss mask
-    [N, L], metrics)."""
-    rc = cfg.algo.rollout_correction
-    if rc.mode != "none":
-        _need_rollout_lp(rollout_lp)
-    if old_lp is None or rollout_lp is None or cfg.algo.old_logprobs == "rollout":
-        return None, loss_mask, {}
-    if rc.mode == "none":
-        return None, loss_mask, corrections.mismatch_metrics(old_lp, rollout_lp, resp_mask)
-    w, keep = corrections.correction(old_lp, rollout_lp, resp_mask, rc.mode, level=rc.level, cap=rc.cap,
-                                     lo=rc.lo, hi=rc.hi)
-    weight, loss_mask = corrections.apply(loss_mask, w, keep)
-    return weight, loss_mask, corrections.mismatch_metrics(old_lp, rollout_lp, resp_mask, w, keep)
-
-
-def _own_logp_buffer(cfg: Config, old_lp, rollout_lp, resp_mask) -> torch.Tensor | None:
-    """[N, L] zeros for the update's own log-probs when π_old is that forward (no π_old pass) and the
-    engine returned log-probs, so ``mismatch/*`` exists in that mode too; else None."""
-    if old_lp is not None or rollout_lp is None or cfg.algo.old_logprobs == "rollout":
-        return None
-    return torch.zeros(resp_mask.shape, dtype=torch.float32)
-
-
-def _update(run: Run, batch, old_lp, adv, loss_mask, r: int, own_logp: torch.Tensor | None = None,
-            token_weight: torch.Tensor | None = None):
-    """Step 6 with its fault hooks; ``train.nonfinite=stop`` ends the MLflow run with the reason."""
+def _update(run: Run, batch, beh: Behaviour, adv: torch.Tensor, r: int):
+    """Step 6 with its fault hooks: π_old, the loss mask, the token weights and the buffer for the update's own
+    log-probs from ``beh``; ``train.nonfinite=stop`` ends the MLflow run with the reason."""
     try:
         with faults.during_update(run.policy.model, run.policy.optimizer, r):   # test hooks; inert otherwise
-            return update_policy(run.policy, batch, old_lp, adv, loss_mask, run.cfg,
-                                 shuffle_seed=round_seed(run.cfg.train.seed, r, 0, salt=7), own_logp=own_logp,
-                                 token_weight=token_weight)
+            return update_policy(run.policy, batch, beh.old_lp, adv, beh.loss_mask, run.cfg,
+                                 shuffle_seed=round_seed(run.cfg.train.seed, r, 0, salt=7), own_logp=beh.own_lp,
+                                 token_weight=beh.weight)
     except NonFiniteError as exc:
         if run.is_main:
             run.tracker.set_tags({"dapo.status": "failed", "dapo.error": f"rollout step {r}: {exc}"})
             run.tracker.finish("FAILED")
         raise
+
+
+def _evaluate_at_start(run: Run) -> None:
+    """Grad step 0 (``eval.at_start``, a fresh run whose MLflow run has no point 0 yet): every rank evaluates."""
+    eval0 = broadcast_object(run.is_main and not run.tracker.has_point(0), run.policy.world)
+    if run.state["rollout_step"] == 0 and run.cfg.eval.at_start and eval0:
+        t = time.time()
+        ev = _evaluate(run, 0)
+        run.tracker.record({**ev, "time/eval_s": time.time() - t}, rollout_step=0, grad_step=0)
+        run.log("eval @0: " + _fmt(ev))
 
 
 def _evaluate(run: Run, r: int) -> dict[str, float]:
@@ -372,6 +301,34 @@ def _throughput(metrics: dict[str, float], gen_tok: int, train_tok: int) -> dict
     """Generated tokens per rollout second; trained tokens per update second."""
     return {"perf/rollout_tokens_per_s": gen_tok / max(metrics["time/rollout_s"], 1e-9),
             "perf/train_tokens_per_s": train_tok / max(metrics["time/train_s"], 1e-9)}
+
+
+def _log_step(run: Run, r: int, batch, resp_mask: torch.Tensor, metrics: dict[str, float], ev: dict[str, float],
+              bar) -> None:
+    """Step 9: the throughput into ``metrics``, the run's token totals (summary.json; checkpointed, so resumes
+    add up), the point buffered (sent to MLflow right after the next checkpoint), the progress bar and line."""
+    state = run.state
+    gen_tok, train_tok = _tokens(batch, resp_mask, run.cfg)
+    metrics.update(_throughput(metrics, gen_tok, train_tok))
+    state["gen_tokens"] = state.get("gen_tokens", 0) + gen_tok
+    state["trained_tokens"] = state.get("trained_tokens", 0) + train_tok
+    state["rollout_step"] = r
+    run.tracker.record(metrics, rollout_step=r, grad_step=state["grad_step"])
+    bar.update(1)
+    run.log(_step_line(r, run.cfg.train.rollout_steps, state["grad_step"], metrics, batch, ev))
+
+
+def _checkpoint_step(run: Run, r: int, preemption: StepBoundarySignal | None) -> None:
+    """Step 10: a checkpoint every checkpoint.every rollout steps, at the last, and when a rank got USR2
+    (checkpoint.on_preempt=step_boundary: then published and the signal handed over)."""
+    every = run.cfg.checkpoint.every
+    preempted = preemption is not None and preemption.pending(run.policy.world)
+    if (every and r % every == 0) or r == run.cfg.train.rollout_steps or preempted:
+        _checkpoint(run, r)
+    if preempted:
+        _publish_pending(run)
+        run.log(f"preemption signal: checkpointed at rollout step {r}; handing over (requeue or exit)")
+        preemption.hand_over()
 
 
 def _checkpoint(run: Run, r: int) -> None:
@@ -414,7 +371,7 @@ def _publish_pending(run: Run) -> None:
 
 
 # =========================================================================== set-up and finish
-def _start_run(cfg: Config, run_dir: Path, tags: dict[str, str] | None) -> Run:
+def _start_run(cfg: Config, run_dir: Path, tags: dict[str, str] | None, new_mlflow_run: bool = False) -> Run:
     """Processes and seeds, the policy, the data, the resume point, MLflow and the rollout engine."""
     from dapo.models import load_tokenizer
     t_start = time.time()
@@ -435,7 +392,7 @@ def _start_run(cfg: Config, run_dir: Path, tags: dict[str, str] | None) -> Run:
     policy = build_policy(cfg, model_path, dist_info, pad_id)
     sampler, prompt_tokens, eval_sets, data_tags = load_run_data(cfg, tokenizer, log)
     state = _resume(run_dir, policy, sampler, log)
-    tracker, uri = _start_tracking(cfg, run_dir, state, is_main, {**data_tags, **(tags or {})})
+    tracker, uri = _start_tracking(cfg, run_dir, state, is_main, {**data_tags, **(tags or {})}, new_mlflow_run)
     run = Run(cfg, run_dir, dist_info, policy, tokenizer, model_path, sampler, prompt_tokens, eval_sets,
               state, tracker, uri, log, t_start=t_start)
     # every rank builds its engine at the same time (vLLM's groups span all ranks)
@@ -479,14 +436,22 @@ def _resume(run_dir: Path, policy: Policy, sampler, log) -> dict[str, Any]:
     return state
 
 
-def _start_tracking(cfg: Config, run_dir: Path, state: dict, is_main: bool, tags: dict) -> tuple[Any, str]:
-    """The run's MLflow run (created, or the one this run dir already has), its params and tags;
-    sends the points the last attempt checkpointed but did not send."""
+def _start_tracking(cfg: Config, run_dir: Path, state: dict, is_main: bool, tags: dict,
+                    new_mlflow_run: bool = False) -> tuple[Any, str]:
+    """The run's MLflow run (created, or the one this run dir already has; a new one with ``new_mlflow_run``),
+    its params and tags; sends the points the last attempt checkpointed but did not send."""
     from dapo.tracking import Tracker, default_tracking_uri, environment_tags, git_commit
     uri = cfg.logging.tracking_uri or default_tracking_uri(cfg.output_dir)
     id_file = run_dir / "mlflow_run.json"   # written at once, so a crash before the first
     if not state.get("mlflow_run_id") and id_file.exists():   # checkpoint still resumes this run
         state["mlflow_run_id"] = json.loads(id_file.read_text()).get("run_id")
+    if new_mlflow_run and state.get("mlflow_run_id"):
+        if is_main:
+            print(f"[dapo] --new-mlflow-run: MLflow run {state['mlflow_run_id']} (steps up to "
+                  f"{state['rollout_step']}) is left behind; the remaining steps go to a new MLflow run in {uri}",
+                  flush=True)
+        tags = {**tags, "dapo.history_from_step": state["rollout_step"], "dapo.history_lost": state["mlflow_run_id"]}
+        state["mlflow_run_id"] = None
     tracker = Tracker(uri, cfg.logging.experiment, run_dir.name, run_uuid=state.get("mlflow_run_id"),
                       enabled=is_main)
     if is_main:
