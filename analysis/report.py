@@ -385,11 +385,20 @@ def main(argv: list[str] | None = None, *, sweep_info: SweepInfo | None = None) 
     """CLI entry (``dapo figures``); ``sweep_info`` lets a caller pass an already parsed sweep.
 
     A bad input (spec, snapshot, store, sweep name) is one line on stderr and exit code 2."""
+    from dapo.preflight import write_problem
     try:
         return _main(argv, sweep_info)
     except InputError as exc:
         print(f"dapo figures: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:       # a full disk, or a directory that turned read-only: the machine, status 1
+        args = _parse(build_parser(), list(sys.argv[1:] if argv is None else argv))
+        problem = write_problem(exc, into=args.to or "the figures' directory")
+        if problem is None:
+            raise
+        print(f"dapo figures: error: {problem}; the figures there may be incomplete: free space (or make it "
+              f"writable) and run the same command again", file=sys.stderr)
+        return 1
 
 
 def _problems(runs_dir: str, tidy: pd.DataFrame, earlier: list) -> pd.DataFrame | None:
@@ -432,6 +441,17 @@ def _load_runs(uri: str, name: str, finished_only: bool):
     finally:
         if old is None:
             os.environ.pop(var, None)
+
+
+def _writable(out: Path) -> Path:
+    """``out``, or InputError naming it when nothing can be written there (read-only, no permission, full)."""
+    from dapo.config import ConfigError
+    from dapo.preflight import check_writable
+    try:
+        check_writable(out, "--to")
+    except ConfigError as exc:
+        raise InputError(str(exc)) from None
+    return out
 
 
 def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
@@ -478,7 +498,7 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
                                  f"not of {args.spec or 'the given sweep'} ({sweep_info.name!r}); give that "
                                  f"sweep's spec, or no spec")
         sweep = sweep_info or snap_sweep or infer_sweep_info(tidy, configs, name)
-        out = Path(args.to) if args.to else Path(snap_dir).resolve().parent
+        out = _writable(Path(args.to) if args.to else Path(snap_dir).resolve().parent)
     else:
         if not name:
             raise InputError("give the sweep (SPEC or --sweep NAME), or --from-snapshot DIR")
@@ -519,7 +539,7 @@ def _main(argv: list[str] | None, sweep_info: SweepInfo | None) -> int:
             print(f"[figures] sweep {name!r} has no logged points yet", file=sys.stderr)
             return 1
         sweep = sweep_info or infer_sweep_info(tidy, configs, name)
-        out = Path(args.to) if args.to else Path(args.runs) / "figures" / name
+        out = _writable(Path(args.to) if args.to else Path(args.runs) / "figures" / name)
         problems = _problems(args.runs, tidy, earlier)
         samples = samples_from_runs(args.runs, tidy, problems, sweep.metric or primary_metric(tidy))
         if samples is None:     # the runs' records are elsewhere: an earlier snapshot's samples, if any

@@ -105,6 +105,9 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-resource-change", action="store_true",
                    help="resume although resource-only keys (train.threads, rollout.tensor_parallel_size, ...: "
                         "dapo.config.UNHASHED_KEYS) differ from the run's config.yaml")
+    p.add_argument("--new-mlflow-run", action="store_true",
+                   help="resume a run whose MLflow store (or its MLflow run) is gone: go on from the last checkpoint "
+                        "and log the remaining steps to a new MLflow run, tagged dapo.history_from_step")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--verbose", action="store_true",
                    help="show the rollout engine's (vLLM's) log on the terminal too (default: only in "
@@ -167,7 +170,7 @@ def train_main(argv: list[str], train_fn=None) -> int:
         return 2
     a = train_parser().parse_args(argv)
     from dapo.config import ConfigError, load_config, show, to_dict
-    from dapo.preflight import check_run, finished_summary
+    from dapo.preflight import check_history, check_run, check_writable, finished_summary
     from dapo.run_dir import RunDirBusy, check_run_dir, hold_run_dir, run_dir_for
     main_rank = int(os.environ.get("RANK", "0") or 0) == 0   # rank 0 of a multi-process run checks and locks
     try:
@@ -182,7 +185,10 @@ def train_main(argv: list[str], train_fn=None) -> int:
         _check_world(cfg)
         run_dir = Path(a.run_dir) if a.run_dir else run_dir_for(cfg)
         if main_rank:
+            check_writable(run_dir, "the run directory")
             check_run_dir(cfg, run_dir, allow_resource_change=a.allow_resource_change)
+            if not a.new_mlflow_run:
+                check_history(run_dir)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -198,6 +204,7 @@ def train_main(argv: list[str], train_fn=None) -> int:
     from dapo.file_lock import NoLocksError
     from dapo.preflight import ToolchainError, check_compile_toolchain
     from dapo.run_dir import RunDirNoLocks
+    from dapo.tracking import TrackingError
     try:
         check_compile_toolchain(cfg, _cuda_available)    # vLLM's compiled CUDA path: a compiler, Python.h
         with hold_run_dir(run_dir, enabled=main_rank):   # train() finds it held (re-entrant)
@@ -206,8 +213,8 @@ def train_main(argv: list[str], train_fn=None) -> int:
             if train_fn is None:
                 import importlib
                 train_fn = importlib.import_module(COMMANDS["train"][0]).train
-            summary = train_fn(cfg, run_dir)
-    except (ToolchainError, NoLocksError, RunDirNoLocks) as exc:   # this node cannot compile the engine's kernels,
+            summary = train_fn(cfg, run_dir, **({"new_mlflow_run": True} if a.new_mlflow_run else {}))
+    except (ToolchainError, NoLocksError, RunDirNoLocks, TrackingError) as exc:   # this node cannot compile the engine's kernels,
         # or the file system has no locks: one line, status 1
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -217,6 +224,13 @@ def train_main(argv: list[str], train_fn=None) -> int:
     except (CudaUnavailableError, CacheBusyError, CheckpointError) as exc:   # the machine or the files, not the
         # input: one line, status 1 (a checkpoint error names the checkpoint and what is wrong with it)
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:      # a full disk or a read-only file system under the run: one line naming the file
+        from dapo.preflight import write_problem
+        if write_problem(exc) is None:
+            raise
+        print(f"error: {write_problem(exc)}; {run_dir} keeps its last checkpoint: free space (or make it writable) "
+              f"and run the same command to resume", file=sys.stderr)
         return 1
     except KeyboardInterrupt:   # Ctrl-C: train() has ended the MLflow run KILLED; the checkpoints stay
         if main_rank:
@@ -245,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())    # so the interpreter's final flush does not fail again
         return 141                               # 128 + SIGPIPE, what a shell reports for `yes | head -1`
+    except OSError as exc:   # a full disk, a read-only file system: one line naming the file, not a traceback
+        from dapo.preflight import write_problem
+        if write_problem(exc) is None:
+            raise
+        print(f"error: {write_problem(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C in any command: one line, not a traceback (what was stopped is clean:
         cmd = argv[0] if argv and argv[0] in COMMANDS else ""   # each command leaves resumable state)
         print(f"dapo{' ' + cmd if cmd else ''}: interrupted", file=sys.stderr, flush=True)

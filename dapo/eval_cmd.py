@@ -270,6 +270,15 @@ def _default_out(target: Target, request: dict[str, Any]) -> Path:
     return Path("evals") / f"{name}-{tail}"
 
 
+def _check_store(target: Target, no_mlflow: bool) -> None:
+    """EvalInputError when a run target's MLflow store is gone: its eval would go silently to a new, empty store."""
+    from dapo.preflight import lost_store
+    lost = None if no_mlflow or target.run_dir is None else lost_store(target.run_dir)
+    if lost:
+        raise EvalInputError(f"{target.run_dir}: its MLflow store {lost[1]} no longer exists (MLflow run {lost[0]} "
+                             f"was there): restore it, or pass --no-mlflow to evaluate without logging to MLflow")
+
+
 def _open_out(out: Path, request: dict[str, Any]) -> bool:
     """Create ``out`` with ``request.json``, or check an existing one asks the same; True if it is finished."""
     req = out / "request.json"
@@ -282,6 +291,12 @@ def _open_out(out: Path, request: dict[str, Any]) -> bool:
         return (out / "eval.json").is_file()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise EvalInputError(f"--to {out}: exists and is not an evaluation dir (no request.json)")
+    from dapo.config import ConfigError
+    from dapo.preflight import check_writable
+    try:
+        check_writable(out, "--to")
+    except ConfigError as exc:
+        raise EvalInputError(str(exc)) from None
     out.mkdir(parents=True, exist_ok=True)
     _write_text(req, json.dumps(request, indent=1) + "\n")
     return False
@@ -479,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         target = resolve_target(a.target, a.step)
         cfg, request = _settings(a, target)
         out = Path(a.to) if a.to else _default_out(target, request)
+        _check_store(target, a.no_mlflow)
         done = _open_out(out, request)
     except EvalInputError as exc:
         print(f"error: {exc}", file=sys.stderr)

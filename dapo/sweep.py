@@ -146,7 +146,10 @@ def _checked_submit(spec: Spec, profile: ClusterProfile, args) -> dict:
     """Check that every arm fits the GPUs (dapo plan), then submit, declaring first (sources: checked
     by the caller, before anything else it prints)."""
     from dapo import launcher
+    from dapo.preflight import check_writable
     check_sweep(spec, profile, log=lambda m: print(m, file=sys.stderr))
+    if not args.dry_run:
+        check_writable(args.output, "--output")     # the declaration, submission records and run dirs go there
     return launcher.submit(spec, profile, args.output, dry_run=args.dry_run, executor=args.executor,
                            declare=lambda s: _declared(s, args))
 

@@ -59,7 +59,7 @@ from dapo.store_checks import SERVER_SCHEMES, default_store_uri, scheme, server_
 from dapo.yaml_io import (PASSWORD_ENV_VAR, PASSWORD_FILE_VAR, password_refusal,  # the one place passwords
                           redact, uri_password)                                  # are found (config uses it)
 
-__all__ = ["Tracker", "TrackingError", "default_tracking_uri", "git_commit", "environment_tags",
+__all__ = ["Tracker", "TrackingError", "lost_history", "default_tracking_uri", "git_commit", "environment_tags",
            "call_with_retry", "store_lock", "redact", "uri_password", "refuse_password", "read_password",
            "credentials_env", "use_credentials", "check_server", "PASSWORD_FILE_VAR", "PASSWORD_ENV_VAR"]
 
@@ -86,6 +86,13 @@ _PERMANENT = ("unable to open database file", "no such table", "RESOURCE_DOES_NO
 def _transient(exc: BaseException) -> bool:
     text = f"{type(exc).__name__}: {exc}"
     return not any(p in text for p in _PERMANENT) and any(t in text for t in _TRANSIENT)
+
+
+def lost_history(run_uuid: str, what: str) -> str:
+    """The one line for a resumed run whose MLflow run ``run_uuid`` (its logged history) ``what``: how to go on."""
+    return (f"this run's MLflow history (MLflow run {run_uuid}) {what}: restore it, or point logging.tracking_uri "
+            f"at the store that holds it now; or resume without it: `dapo train ... --new-mlflow-run` goes on from the "
+            f"last checkpoint and logs the remaining steps to a new MLflow run")
 
 
 def call_with_retry(fn: Callable[..., Any], *args: Any, what: str = "call", uri: str = "",
@@ -297,6 +304,9 @@ class Tracker:
         if scheme(tracking_uri) in SERVER_SCHEMES:
             # fail fast and clearly (a wrong password, no server) instead of inside MLflow's engine retries
             self._call(check_server, tracking_uri, what="reach the tracking server")
+        gone = sqlite_path(tracking_uri)
+        if run_uuid is not None and gone is not None and not gone.exists():   # before MLflow creates an empty one
+            raise TrackingError(lost_history(run_uuid, f"was logged to {gone}, which no longer exists"))
         from mlflow.tracking import MlflowClient
         if sqlite_path(tracking_uri) is not None:   # import outside the lock what opening the store needs
             import mlflow.store.db.utils  # noqa: F401
@@ -317,7 +327,20 @@ class Tracker:
                 self.run_uuid = self._call(self.client.create_run, exp_id, run_name=run_name,
                                            what="create run").info.run_id
             else:
+                self._require_run(run_uuid)
                 self._call(self.client.update_run, self.run_uuid, status="RUNNING", what="update run")
+
+    def _require_run(self, run_uuid: str) -> None:
+        """:class:`TrackingError` (:func:`lost_history`) unless the store holds the MLflow run ``run_uuid``."""
+        try:
+            self._call(self.client.get_run, run_uuid, what="get run")
+        except TrackingError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - MlflowException RESOURCE_DOES_NOT_EXIST, or a deleted run's id
+            if "RESOURCE_DOES_NOT_EXIST" not in str(exc) and "not found" not in str(exc).lower():
+                raise
+            raise TrackingError(lost_history(run_uuid, f"is not in the MLflow store {redact(self.tracking_uri)} "
+                                                       f"(the store was replaced, or the run deleted)")) from None
 
     def _call(self, fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
         return call_with_retry(fn, *args, what=what, uri=self.tracking_uri, **kwargs)
