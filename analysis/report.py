@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None, *, sweep_info: SweepInfo | None = None) 
     """CLI entry (``dapo figures``); ``sweep_info`` lets a caller pass an already parsed sweep.
 
     A bad input (spec, snapshot, store, sweep name) is one line on stderr and exit code 2."""
-    from dapo.preflight import write_problem
+    from dapo.store_checks import write_problem
     try:
         return _main(argv, sweep_info)
     except InputError as exc:
@@ -445,12 +445,10 @@ def _load_runs(uri: str, name: str, finished_only: bool):
 
 def _writable(out: Path) -> Path:
     """``out``, or InputError naming it when nothing can be written there (read-only, no permission, full)."""
-    from dapo.config import ConfigError
-    from dapo.preflight import check_writable
-    try:
-        check_writable(out, "--to")
-    except ConfigError as exc:
-        raise InputError(str(exc)) from None
+    from dapo.store_checks import writable_problem
+    problem = writable_problem(out)
+    if problem:
+        raise InputError(f"--to {out}: {problem}; give a writable directory")
     return out
 
 

@@ -226,7 +226,7 @@ def train_main(argv: list[str], train_fn=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:      # a full disk or a read-only file system under the run: one line naming the file
-        from dapo.preflight import write_problem
+        from dapo.store_checks import write_problem
         if write_problem(exc) is None:
             raise
         print(f"error: {write_problem(exc)}; {run_dir} keeps its last checkpoint: free space (or make it writable) "
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())    # so the interpreter's final flush does not fail again
         return 141                               # 128 + SIGPIPE, what a shell reports for `yes | head -1`
     except OSError as exc:   # a full disk, a read-only file system: one line naming the file, not a traceback
-        from dapo.preflight import write_problem
+        from dapo.store_checks import write_problem
         if write_problem(exc) is None:
             raise
         print(f"error: {write_problem(exc)}", file=sys.stderr)

@@ -22,7 +22,6 @@ dapo.data import them lazily).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from pathlib import Path
 
 from dapo.config import Config, ConfigError, show
 
-__all__ = ["check_sources", "check_run", "check_store", "check_output_dir", "check_writable", "check_history", "lost_store", "write_problem", "WRITE_ERRNOS", "sqlite_problem", "eval_metric_names",
+__all__ = ["check_sources", "check_run", "check_store", "check_output_dir", "check_writable", "check_history", "lost_store", "sqlite_problem", "eval_metric_names",
            "finished_summary", "ToolchainError", "toolchain_problem", "check_compile_toolchain"]
 
 C_COMPILERS = ("gcc", "clang")   # what Triton looks for when $CC is unset
@@ -200,38 +199,13 @@ def check_output_dir(cfg: Config, where: str) -> None:
             return
 
 
-WRITE_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
-"""The OSErrors of an output that cannot take a write: no permission, a read-only file system, no space, a quota."""
-
-
-def write_problem(exc: OSError, into: str | os.PathLike | None = None) -> str | None:
-    """``cannot write FILE: REASON`` for an OSError of :data:`WRITE_ERRNOS` (``into DIR`` when the error names
-    no file, as a full disk's at a write does), else None."""
-    if exc.errno not in WRITE_ERRNOS:
-        return None
-    what = exc.filename or (f"into {into}" if into else "the output")
-    return f"cannot write {what}: {exc.strerror or exc}"
-
-
 def check_writable(path: str | os.PathLike, what: str) -> None:
-    """ConfigError unless a file can be created in ``path`` (or in its nearest existing parent, where
-    ``path`` would be made): a read-only file system, a directory without write permission or a full
-    disk is named at once, before anything is written. The probe file is removed."""
-    import tempfile
-    p = Path(path).expanduser()
-    q = next((d for d in (p, *p.parents) if d.exists()), None)
-    if q is None or not q.is_dir():
-        return                         # a file in the way: check_output_dir / the command's own check names it
-    try:
-        fd, probe = tempfile.mkstemp(dir=q, prefix=".dapo-write-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        if exc.errno not in WRITE_ERRNOS:
-            raise
-        where = "" if q == p else f" (nothing is written: {q}, where it would be made, refuses)"
-        raise ConfigError(f"{what} {show(str(path))}: cannot write there ({exc.strerror}){where}; "
-                          f"give a writable directory") from None
+    """ConfigError naming ``what`` and ``path`` when nothing can be written there
+    (:func:`dapo.store_checks.writable_problem`: read-only, no permission, a full disk); nothing is written."""
+    from dapo.store_checks import writable_problem
+    problem = writable_problem(path)
+    if problem:
+        raise ConfigError(f"{what} {show(str(path))}: {problem}; give a writable directory")
 
 
 def lost_store(run_dir: str | os.PathLike) -> tuple[str, Path] | None:

@@ -8,13 +8,15 @@ timeout. Both return None when the store can be used, else one line with every p
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import sqlite3
 from pathlib import Path
 
 from dapo.yaml_io import redact
 
-__all__ = ["SQLITE_MAGIC", "SQLITE_HEADER_BYTES", "scheme", "sqlite_file_problem", "server_problem",
+__all__ = ["WRITE_ERRNOS", "write_problem", "writable_problem", "SQLITE_MAGIC", "SQLITE_HEADER_BYTES", "scheme", "sqlite_file_problem", "server_problem",
            "SERVER_SCHEMES", "default_store_uri", "same_store", "sqlite_path"]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -118,4 +120,38 @@ def server_problem(uri: str, timeout_s: float = 10.0) -> str | None:
         orig = getattr(exc, "orig", None) or getattr(exc, "reason", None) or exc
         reason = " ".join(str(orig).split())[:300] or type(orig).__name__
         return f"tracking server {redact(uri)} does not answer ({type(orig).__name__}: {redact(reason)})"
+    return None
+
+
+WRITE_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+"""The OSErrors of an output that cannot take a write: no permission, a read-only file system, no space, a quota."""
+
+
+def write_problem(exc: OSError, into: str | os.PathLike | None = None) -> str | None:
+    """``cannot write FILE: REASON`` for an OSError of :data:`WRITE_ERRNOS` (``into DIR`` when the error names
+    no file, as a full disk's at a write does), else None."""
+    if exc.errno not in WRITE_ERRNOS:
+        return None
+    what = exc.filename or (f"into {into}" if into else "the output")
+    return f"cannot write {what}: {exc.strerror or exc}"
+
+
+def writable_problem(path: str | os.PathLike) -> str | None:
+    """Why no file can be created in ``path`` (or in its nearest existing parent, where ``path`` would be
+    made), or None: a read-only file system, a directory without write permission, a full disk. Probed by
+    creating and removing one file, so it is named before a command writes anything."""
+    import tempfile
+    p = Path(path).expanduser()
+    q = next((d for d in (p, *p.parents) if d.exists()), None)
+    if q is None or not q.is_dir():
+        return None                    # a file in the way: the command's own check names it
+    try:
+        fd, probe = tempfile.mkstemp(dir=q, prefix=".dapo-write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        where = "" if q == p else f" (nothing is written: {q}, where it would be made, refuses)"
+        return f"cannot write there ({exc.strerror}){where}"
     return None

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from dapo.config import ConfigError
-from dapo.preflight import check_writable, lost_store, write_problem
+from dapo.preflight import check_writable, lost_store
+from dapo.store_checks import write_problem
 from dapo.tracking import Tracker, TrackingError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,7 +72,8 @@ def test_resuming_a_run_whose_store_was_removed(tmp_path):
     """The issue's probe end to end: a real `dapo train` (3M random model) killed after step 3 of 4 with
     checkpoint 2; its mlruns.db removed. The same command is one error line (exit 2) and leaves no store;
     `dapo eval` of the run says so too, instead of logging to a new store; `--new-mlflow-run` resumes from
-    checkpoint 2 and logs steps 3-4 to a new MLflow run tagged with where its history starts."""
+    checkpoint 2 and logs to a new MLflow run tagged with where its history starts (steps 3-4, and 1-2 as
+    checkpoint 2 kept them)."""
     out, run = tmp_path / "out", tmp_path / "run"
     args = ["train", *TINY, "train.rollout_steps=4", "checkpoint.every=2", f"output_dir={out}", "--run-dir", str(run)]
     killed = _dapo(*args, env={"DAPO_FAULT_KILL_AT_STEP": "3"})
@@ -96,7 +98,7 @@ def test_resuming_a_run_whose_store_was_removed(tmp_path):
     tags = client.get_run(new_id).data.tags
     assert tags["dapo.history_from_step"] == "2" and tags["dapo.history_lost"] == old_id
     steps = sorted(m.step for m in client.get_metric_history(new_id, "rollout/acc_mean"))
-    assert steps == [3, 4]
+    assert steps == [2, 4, 6, 8]   # grad steps of rollout steps 1-4: checkpoint 2 holds its points, replayed
 
 
 # --------------------------------------------------------------------------- a read-only or full output
