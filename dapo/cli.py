@@ -227,9 +227,10 @@ def train_main(argv: list[str], train_fn=None) -> int:
         return 1
     except OSError as exc:      # a full disk or a read-only file system under the run: one line naming the file
         from dapo.store_checks import write_problem
-        if write_problem(exc) is None:
+        problem = write_problem(exc)
+        if problem is None:
             raise
-        print(f"error: {write_problem(exc)}; {run_dir} keeps its last checkpoint: free space (or make it writable) "
+        print(f"error: {problem}; {run_dir} keeps its last checkpoint: free space (or make it writable) "
               f"and run the same command to resume", file=sys.stderr)
         return 1
     except KeyboardInterrupt:   # Ctrl-C: train() has ended the MLflow run KILLED; the checkpoints stay
@@ -261,9 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         return 141                               # 128 + SIGPIPE, what a shell reports for `yes | head -1`
     except OSError as exc:   # a full disk, a read-only file system: one line naming the file, not a traceback
         from dapo.store_checks import write_problem
-        if write_problem(exc) is None:
+        problem = write_problem(exc)
+        if problem is None:
             raise
-        print(f"error: {write_problem(exc)}", file=sys.stderr)
+        print(f"error: {problem}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C in any command: one line, not a traceback (what was stopped is clean:
         cmd = argv[0] if argv and argv[0] in COMMANDS else ""   # each command leaves resumable state)

@@ -304,11 +304,11 @@ class Tracker:
         if scheme(tracking_uri) in SERVER_SCHEMES:
             # fail fast and clearly (a wrong password, no server) instead of inside MLflow's engine retries
             self._call(check_server, tracking_uri, what="reach the tracking server")
-        gone = sqlite_path(tracking_uri)
-        if run_uuid is not None and gone is not None and not gone.exists():   # before MLflow creates an empty one
-            raise TrackingError(lost_history(run_uuid, f"was logged to {gone}, which no longer exists"))
+        db = sqlite_path(tracking_uri)
+        if run_uuid is not None and db is not None and not db.exists():   # before MLflow creates an empty one
+            raise TrackingError(lost_history(run_uuid, f"was logged to {db}, which no longer exists"))
         from mlflow.tracking import MlflowClient
-        if sqlite_path(tracking_uri) is not None:   # import outside the lock what opening the store needs
+        if db is not None:   # import outside the lock what opening the store needs
             import mlflow.store.db.utils  # noqa: F401
             import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
         with store_lock(tracking_uri):
