@@ -168,6 +168,7 @@ def test_resuming_into_another_mlflow_store_is_refused(tmp_path, train_main):
     assert rc == 2 and not calls and "mlflow_run.json" in err and str(tmp_path / "b" / "mlruns.db") in err, err
     rc, err, calls = train_main(f"logging.tracking_uri=sqlite:///{tmp_path / 'other.db'}", "--run-dir", str(d))
     assert rc == 2 and not calls and "its MLflow run is not there" in err, err
+    (tmp_path / "a").mkdir(); (tmp_path / "a" / "mlruns.db").touch()   # the store it logged to is still there
     rc, err, calls = train_main(f"output_dir={tmp_path / 'x' / '..' / 'a'}", "--run-dir", str(d))   # the same store
     assert rc == 0 and len(calls) == 1, err
 
