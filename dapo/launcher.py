@@ -716,8 +716,10 @@ def _make_job(spec: Spec, job: Job, profile: ClusterProfile) -> RunJob:
 
 
 def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "runs", *, dry_run: bool = False,
-           executor: str | None = None, log=print, declare=None) -> dict[str, Any]:
+           executor: str | None = None, log=print, declare=None, held: set[str] = frozenset()) -> dict[str, Any]:
     """Submit the sweep's unfinished runs; returns the submission record (``dry_run``: nothing submitted).
+
+    ``held``: run ids an earlier snapshot holds (``dapo sweep next-look --with-snapshot``): skipped as done.
 
     ``declare``: called with the spec once every check has passed and before any job is created; returns
     the spec the jobs are made from (``dapo sweep submit`` writes the declaration record there).
@@ -737,7 +739,9 @@ def submit(spec: Spec, profile: ClusterProfile, output: str | os.PathLike = "run
     todo, skipped = [], []
     for j in jobs:
         st = rows[j.run_id]["state"]
-        if st == "done":
+        if j.run_id in held and st != "done":
+            skipped.append({"run_id": j.run_id, "arm": j.arm, "seed": j.seed, "reason": "in an earlier snapshot"})
+        elif st == "done":
             skipped.append({"run_id": j.run_id, "arm": j.arm, "seed": j.seed, "reason": "finished"})
         elif st in ("pending", "running", "requeued", "unknown"):
             skipped.append({"run_id": j.run_id, "arm": j.arm, "seed": j.seed,

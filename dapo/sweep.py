@@ -24,6 +24,7 @@ import dataclasses
 import json
 import re
 import sys
+from pathlib import Path
 
 from dapo.cluster import ClusterProfile, check_resources, load_profile
 from dapo.config import ConfigError, parse_overrides
@@ -142,16 +143,16 @@ def _family_arms(spec: Spec) -> Spec:
     return _only_arms(spec, ",".join(dict.fromkeys(a for pair in spec.family for a in pair)))
 
 
-def _checked_submit(spec: Spec, profile: ClusterProfile, args) -> dict:
+def _checked_submit(spec: Spec, profile: ClusterProfile, args, held: set[str] = frozenset()) -> dict:
     """Check that every arm fits the GPUs (dapo plan), then submit, declaring first (sources: checked
-    by the caller, before anything else it prints)."""
+    by the caller, before anything else it prints); ``held``: run ids an earlier snapshot has (skipped)."""
     from dapo import launcher
     from dapo.preflight import check_writable
     check_sweep(spec, profile, log=lambda m: print(m, file=sys.stderr))
     if not args.dry_run:
         check_writable(args.output, "--output")     # the declaration, submission records and run dirs go there
     return launcher.submit(spec, profile, args.output, dry_run=args.dry_run, executor=args.executor,
-                           declare=lambda s: _declared(s, args))
+                           declare=lambda s: _declared(s, args), held=held)
 
 
 def _declared(spec: Spec, args) -> Spec:
@@ -238,11 +239,40 @@ def cmd_cancel(args) -> int:
     return 0
 
 
+def _runs_so_far(uri: str, full: Spec, jobs: list[Job], snapshots: list[str]):
+    """(tidy, configs, held): the finished runs of ``full`` in its store, plus those of earlier snapshots
+    (``--with-snapshot DIR``, as ``dapo figures``; matched by run id) the store does not have; ``held`` is the
+    run ids that only a snapshot holds (their jobs are not run again). No store is fine when a snapshot is given."""
+    import pandas as pd
+
+    from analysis.runs import TIDY_COLUMNS, SnapshotError, load_runs, merge_snapshot, store_problem
+    problem = store_problem(uri)
+    if problem and not (snapshots and "does not exist" in problem):
+        raise ConfigError(f"{problem} (no look has been run: `dapo sweep submit {full.path}` runs look 1"
+                          f"{'' if snapshots else '; --with-snapshot DIR adds the runs of a committed snapshot'})")
+    tidy, configs = (pd.DataFrame(columns=TIDY_COLUMNS), {}) if problem else \
+        load_runs(uri, full.name, finished_only=True)
+    have = set(tidy["run_id"].astype(str)) if len(tidy) else set()
+    arm_of = {j.run_id: j.arm for j in jobs}
+    for d in snapshots:
+        if not (Path(d) / "runs.parquet").is_file():
+            inner = Path(d) / "snapshot"
+            raise ConfigError(f"--with-snapshot {d}: no snapshot there (runs.parquet missing"
+                              + (f"; {inner} has one)" if (inner / "runs.parquet").is_file() else ")"))
+        try:
+            tidy, configs, rec = merge_snapshot(tidy, configs, d, arm_of=arm_of, sweep_name=full.name)
+        except (SnapshotError, OSError) as exc:
+            raise ConfigError(f"--with-snapshot {d}: {exc}") from None
+        print(f"{rec['n_runs']} runs from the snapshot {d} (commit {rec['commit']})", file=sys.stderr)
+    held = (set(tidy["run_id"].astype(str)) if len(tidy) else set()) - have
+    return tidy, configs, held
+
+
 def cmd_next_look(args) -> int:
     """Under a declared stopping rule: test the looks done, then run the next look's seeds for the arms
     of the comparisons still undecided only (analysis.looks). Run ids are those of the full spec."""
     from analysis.looks import plan_next_look
-    from analysis.runs import SweepInfo, load_runs, store_problem
+    from analysis.runs import SweepInfo
     from analysis.tables import family_table
     from dapo import launcher
     full = load_spec(args.spec, parse_overrides(args.set) if args.set else None)
@@ -251,11 +281,7 @@ def cmd_next_look(args) -> int:
                           f"`dapo sweep submit` runs every seed")
     profile = load_profile(args.cluster)
     jobs = expand(full, args.output)
-    uri = launcher.job_tracking_uri(jobs[0], profile)
-    problem = store_problem(uri)
-    if problem:
-        raise ConfigError(f"{problem} (no look has been run: `dapo sweep submit {args.spec}` runs look 1)")
-    tidy, configs = load_runs(uri, full.name, finished_only=True)
+    tidy, configs, held = _runs_so_far(launcher.job_tracking_uri(jobs[0], profile), full, jobs, args.with_snapshot)
     sweep = SweepInfo.from_dict(sweep_info(args.spec))
     fam = family_table(tidy, sweep, configs) if len(tidy) else None
     looks = full.stopping.looks
@@ -275,7 +301,7 @@ def cmd_next_look(args) -> int:
     elif full.family:
         spec = _family_arms(spec)
     check_sources_exist(spec)
-    rec = _checked_submit(spec, profile, args)
+    rec = _checked_submit(spec, profile, args, held=held)
     if args.dry_run:
         print(f"dry run: look {plan.next_look} would run {len(rec['jobs'])} job(s) ({len(rec['skipped'])} finished "
               f"or queued)")
@@ -325,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cluster profile: a name in slurm/ (local, example-gpu-cluster) or a YAML path")
     nl.add_argument("--executor", choices=["slurm", "local"], help="override the profile's executor")
     nl.add_argument("--dry-run", action="store_true", help="print the test and the jobs the next look would run")
+    nl.add_argument("--with-snapshot", action="append", default=[], metavar="DIR",
+                    help="also count the runs of an earlier snapshot (e.g. results/<sweep>/, as dapo figures "
+                         "--with-snapshot): they are tested with the store's and never run again (repeatable)")
     nl.set_defaults(fn=cmd_next_look)
     st = sub.add_parser("status", help="per run: pending / running / requeued / done / failed (+ failed logs)")
     common(st)

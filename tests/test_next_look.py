@@ -71,3 +71,34 @@ def test_a_finished_sweep_prints_each_arms_last_evaluation_and_the_report_comman
     assert out[1].split() == ["naive", "GRPO", "0.1500", "(2", "seeds)"]                  # (0.1 + 0.2) / 2
     assert out[2].split()[-3:] == ["0.3500", "(2", "seeds)"]
     assert out[-1] == f"report: dapo figures sweeps/x.yaml --runs {tmp_path}"
+
+
+def test_next_look_counts_the_runs_of_a_committed_snapshot_and_runs_none_of_them_again(tmp_path):
+    """The replication's look 1 is only in results/ (no store under --output): with --with-snapshot the three
+    declared comparisons are decided and nothing is submitted; without it, the first look would run again."""
+    root = Path(__file__).resolve().parents[1]
+    spec, snap = root / "sweeps" / "table1-mini-replication.yaml", root / "results" / "table1-mini-replication"
+
+    def next_look(*extra):
+        return subprocess.run([sys.executable, "-m", "dapo.sweep", "next-look", str(spec), "--output", str(tmp_path),
+                               "--dry-run", *extra], capture_output=True, text=True, cwd=root, timeout=300)
+    p = next_look("--with-snapshot", str(snap / "snapshot"))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("decided: ") == 3 and "undecided" not in p.stdout and "nothing more runs" in p.stdout
+    assert "50 runs from the snapshot" in p.stderr and not (tmp_path / "sweeps").exists()
+    p = next_look("--with-snapshot", str(snap))                 # the report folder, not its snapshot/
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and f"{snap / 'snapshot'} has one" in p.stderr
+    p = next_look()
+    assert p.returncode == 2 and "no look has been run" in p.stderr and "--with-snapshot" in p.stderr
+
+
+def test_a_run_only_a_snapshot_holds_is_skipped_by_submit(tmp_path):
+    from dapo.cluster import load_profile
+    from dapo.launcher import submit
+    from dapo.sweep import expand, load_spec
+    root = Path(__file__).resolve().parents[1]
+    spec = load_spec(root / "sweeps" / "table1-mini-replication.yaml")
+    jobs = expand(spec, tmp_path)
+    rec = submit(spec, load_profile("local"), tmp_path, dry_run=True, held={jobs[0].run_id}, log=lambda m: None)
+    assert [s["run_id"] for s in rec["skipped"]] == [jobs[0].run_id] and rec["skipped"][0]["reason"] == "in an earlier snapshot"
+    assert len(rec["jobs"]) == len(jobs) - 1
