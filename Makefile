@@ -14,7 +14,7 @@ setup:           ## create .venv with the pinned stack (idempotent; seconds when
 	@bash scripts/setup.sh
 
 demo: setup      ## build the tiny base model, run GRPO vs DAPO locally, write results/demo/
-	@$(PY) -m dapo.demo
+	@$(PY) -m dapo.commands.demo
 
 test: setup      ## the whole suite, real vLLM/MLflow/Slurm included (what CI runs)
 	@bash scripts/run-tests.sh

@@ -1,5 +1,5 @@
 """The behaviour policy in a sweep's runs: how far the rollout engine's sampling distribution is from
-the trainer's π_old (``mismatch/*``, dapo/corrections.py; docs/METRICS.md), whether the gap grows
+the trainer's π_old (``mismatch/*``, dapo/algo/corrections.py; docs/METRICS.md), whether the gap grows
 over training, and how it depends on the response length.
 
 Per run, ``mismatch/k3`` (mean ρ − log ρ − 1 over the response tokens, ρ = π_old/π_rollout) is
@@ -23,7 +23,7 @@ __all__ = ["MISMATCH", "LENGTH_BUCKETS", "mismatch_table", "format_mismatch", "m
            "behaviour_section", "BEHAVIOUR_NOTE"]
 
 MISMATCH = "mismatch/k3"
-LENGTH_BUCKETS = ("le16", "le64", "le256", "le1024", "le4096", "gt4096")   # dapo.corrections.LENGTH_BUCKETS
+LENGTH_BUCKETS = ("le16", "le64", "le256", "le1024", "le4096", "gt4096")   # dapo.algo.corrections.LENGTH_BUCKETS
 _BUCKET_LABEL = {"le16": "≤ 16", "le64": "17–64", "le256": "65–256", "le1024": "257–1024",
                  "le4096": "1025–4096", "gt4096": "> 4096"}
 

@@ -1,6 +1,6 @@
 """What a report may say about its declaration: derived from the records, never a constant.
 
-``dapo sweep submit`` writes a declaration record (dapo.declaration) before any job starts; a
+``dapo sweep submit`` writes a declaration record (dapo.sweep.declaration) before any job starts; a
 snapshot keeps the records (``meta.json: declarations``) and each run's absolute start and end time
 (``meta.json: run_times``). :func:`declaration_sentence` turns those facts into the report's one
 sentence: "declared at T, before the first run started (T0)", "declared at T, after N runs had

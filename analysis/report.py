@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dapo.declaration import read_declarations
+from dapo.sweep.declaration import read_declarations
 
 from .behaviour import behaviour_section, mismatch_figure, mismatch_table
 from .gain import GAIN_NOTE, format_gain, gain_figure, gain_table
@@ -367,13 +367,13 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 def _spec_sweep_info(path: str) -> SweepInfo:
     """SweepInfo from a sweep YAML, via the sweep module (imported only here)."""
-    from dapo.sweep_spec import sweep_info  # noqa: WPS433 (lazy: keeps analysis independent of dapo)
+    from dapo.sweep.spec import sweep_info  # noqa: WPS433 (lazy: keeps analysis independent of dapo)
     return SweepInfo.from_dict(sweep_info(path))
 
 
 def _spec_run_arms(path: str) -> dict[str, str]:
     """{run_id: arm} of a sweep YAML's expansion (the runs that belong to it, whoever launched them)."""
-    from dapo.sweep_spec import expand  # noqa: WPS433 (lazy, as _spec_sweep_info)
+    from dapo.sweep.spec import expand  # noqa: WPS433 (lazy, as _spec_sweep_info)
     return {j.run_id: j.arm for j in expand(path, "runs")}
 
 

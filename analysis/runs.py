@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dapo.sweep_spec import KINDS as SWEEP_KINDS
+from dapo.sweep.spec import KINDS as SWEEP_KINDS
 
 __all__ = [
     "ArmInfo", "SweepInfo", "TIDY_COLUMNS", "load_runs", "snapshot", "load_snapshot", "merge_snapshot",

@@ -2,7 +2,7 @@
 
 - **pass@k over k** from the per-problem outcomes (``problems.parquet``): at each run's last
   evaluation, pass@k of every problem by the unbiased estimator from its ``n_correct`` of ``k``
-  (:func:`dapo.eval_metrics.pass_at_k`), averaged over problems; then per arm the mean over seeds
+  (:func:`dapo.algo.eval_metrics.pass_at_k`), averaged over problems; then per arm the mean over seeds
   with a 95% Student-t interval (:func:`analysis.stats.t_interval`), for k = 1, 2, 4, ... and the
   evaluation's k (:func:`passk_curves`). pass@1 is avg@k; a falling pass@k at large k with a
   rising pass@1 is the narrowing that RL for reasoning is known for.
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dapo.eval_metrics import curve_ks, pass_at_k
+from dapo.algo.eval_metrics import curve_ks, pass_at_k
 
 from .metric_names import EVAL_RE
 from .stats import t_interval

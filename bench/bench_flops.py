@@ -9,7 +9,7 @@ Ceiling: a large ``torch.matmul`` (``--ceiling-n``, default 4096) in fp32 and in
 measured in the same process with the same threads before and after the runs (the higher counts):
 2 n^3 FLOP per call.
 
-Update: ``dapo.update.update_policy`` -- the loop's real optimizer step (packing, forward,
+Update: ``dapo.train.update.update_policy`` -- the loop's real optimizer step (packing, forward,
 log-probs, clipped token-level loss, backward, grad clip, AdamW) -- on a synthetic rollout
 batch shaped like the RL benchmark (8 prompts x 8 responses, prompts of 20..40 tokens,
 responses of ``--resp-len`` tokens or a uniform 16..128 spread), one optimizer step per
@@ -57,7 +57,7 @@ def synthetic_batch(prompts: int, n: int, resp_len: str, vocab: int, seed: int =
     """A RolloutBatch of ``prompts`` x ``n`` sequences with mixed rewards (non-zero advantages)."""
     import torch
 
-    from dapo.rollout import RolloutBatch
+    from dapo.train.rollout import RolloutBatch
     rng = random.Random(seed)
     P, R = [], []
     for _ in range(prompts):
@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from dapo import algo
     from dapo.config import build_config
-    from dapo.logprobs import layer_costs, micro_cost, pack_flat, packed_row_len, rank_micro_batches, response_mask
+    from dapo.train.logprobs import layer_costs, micro_cost, pack_flat, packed_row_len, rank_micro_batches, response_mask
     from dapo.models import load_model, resolve_model
-    from dapo.update import Policy, update_policy
+    from dapo.train.update import Policy, update_policy
     torch.set_num_threads(args.threads)
     precisions = args.precisions.split(",")
     ceil = {}

@@ -42,7 +42,7 @@ def _commit(mod_file: str) -> str:
 def run(positions: int, vocab: int, seqs: int, chunk: int | None, dtype: str, entropy: bool, repeats: int,
         temperature: float) -> dict:
     import torch
-    from dapo.logprobs import token_entropy, token_logprobs
+    from dapo.train.logprobs import token_entropy, token_logprobs
     dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     g = torch.Generator().manual_seed(0)
     base = (torch.randn(seqs, positions + 1, vocab, generator=g) * 2).to(dt)          # [n, L + 1, V]

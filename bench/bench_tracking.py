@@ -1,14 +1,14 @@
 """Benchmark: a sweep's jobs logging at once, embedded sqlite (file lock) vs an MLflow server on PostgreSQL.
 
 N writer processes (default 12) each log S steps (200) of M metrics (30), the way a training
-job does: :class:`dapo.tracking.Tracker` records one point per step (M metrics plus the two
+job does: :class:`dapo.tracking.tracker.Tracker` records one point per step (M metrics plus the two
 ``progress/*`` ones), "checkpoints" every ``--checkpoint-every`` steps (the run id and the
 unsent points, to a JSON file) and flushes: one ``log_batch`` per point. Stores:
 
 - ``sqlite``: every writer opens ``sqlite:///<tmp>/mlruns.db`` itself (the embedded default;
   store creation under the ``flock``, writes serialised by sqlite's own lock, "database is
-  locked" retried by :func:`dapo.tracking.call_with_retry`);
-- ``server``: an MLflow server (:mod:`dapo.mlflow_server`, 1 worker) over a throwaway
+  locked" retried by :func:`dapo.tracking.tracker.call_with_retry`);
+- ``server``: an MLflow server (:mod:`dapo.tracking.mlflow_server`, 1 worker) over a throwaway
   PostgreSQL cluster (``scripts/setup-postgres.sh``), writers talk HTTP to it;
 - ``postgres`` (optional): every writer opens the PostgreSQL store itself (no server).
 
@@ -63,7 +63,7 @@ def run_writer(uri: str, experiment: str, writer: int, state_path: str | os.Path
     Like the training loop, a point is flushed only after the checkpoint that holds it, so a
     writer killed at any moment and restarted ends with every step in MLflow exactly once.
     """
-    from dapo.tracking import Tracker
+    from dapo.tracking.tracker import Tracker
     state_path = Path(state_path)
     state = json.loads(state_path.read_text()) if state_path.exists() else {"run_id": None, "step": 0, "pending": []}
     tracker = Tracker(uri, experiment, f"w{writer:02d}", run_uuid=state["run_id"])
@@ -104,7 +104,7 @@ def read_points(uri: str, experiment: str) -> dict[str, dict[tuple[str, int], li
     """run name → {(metric, step): [values stored]} (every stored row, duplicates included)."""
     from mlflow.tracking import MlflowClient
 
-    from dapo.tracking import use_credentials
+    from dapo.tracking.tracker import use_credentials
     use_credentials(uri)                  # a postgresql:// store: the password file named in the environment
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     stores = a.stores.split(",")
     if set(stores) - set(STORES):
         ap.error(f"--stores: unknown {sorted(set(stores) - set(STORES))}; choose from {', '.join(STORES)}")
-    from dapo.mlflow_server import start_server
+    from dapo.tracking.mlflow_server import start_server
     load_start = os.getloadavg()[0]
     rows = []
     env = {**os.environ, "DAPO_MLFLOW_RETRIES": "20", "OMP_NUM_THREADS": "1"}

@@ -18,7 +18,7 @@ gradient_accumulation_steps=4``; 16 was the fastest size for both precisions in
 ``OMP_WAIT_POLICY=PASSIVE`` on both sides.
 
 Sides:
-  ours      -- ``dapo.train.train`` (vLLM rollouts, in-process weight sync, MLflow logging);
+  ours      -- ``dapo.train.loop.train`` (vLLM rollouts, in-process weight sync, MLflow logging);
                step time is the loop's own ``time/step_s`` (rollout, old log-probs, update,
                weight sync), read back from its MLflow store.
   trl-hf    -- ``trl.GRPOTrainer`` generating with transformers ``generate``.
@@ -66,8 +66,8 @@ RECIPE = dict(prompts_per_step=8, n=8, max_new_tokens=128, temperature=1.0, top_
 # ----------------------------------------------------------------------------- workers
 def _prompts(tokenizer, limit: int):
     """The mini task's first ``limit`` training problems: (prompt text, answer) pairs."""
-    from dapo.data import load_dataset
-    from dapo.prompts import render_prompt
+    from dapo.data.datasets import load_dataset
+    from dapo.data.prompts import render_prompt
     examples, _ = load_dataset("arith-train", limit=limit)
     return [(render_prompt(ex, tokenizer, False), ex.answer) for ex in examples]
 
@@ -76,7 +76,7 @@ def worker_ours(model_path: str, precision: str, steps: int, threads: int, workd
     from mlflow.tracking import MlflowClient
 
     from dapo.config import build_config
-    from dapo.train import train
+    from dapo.train.loop import train
 
     uri = f"sqlite:///{workdir / 'mlruns.db'}"
     cfg = build_config({
@@ -130,7 +130,7 @@ def worker_trl(model_path: str, precision: str, steps: int, use_vllm: bool, work
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from dapo.rewards import dapo_score
+    from dapo.data.rewards import dapo_score
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token is None:

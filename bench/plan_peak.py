@@ -3,12 +3,12 @@
     python -m bench.plan_peak                       # the default shapes, fp32 and bf16 autocast
     python -m bench.plan_peak --shape 256,4,4,2,768,8192 --seqs 4 --prompt 64 --resp 448
 
-Each row runs one optimizer step of ``dapo.update.update_policy`` (packing, forward with gradient
+Each row runs one optimizer step of ``dapo.train.update.update_policy`` (packing, forward with gradient
 checkpointing, chunked log-probs, token-level loss, backward, clip, AdamW, whose moments are
 created in that step) on a random Qwen2 model of the given shape, in a fresh process, and
 reads the process's peak resident memory (``VmHWM``, reset with ``/proc/self/clear_refs`` after the
 imports) above the resident memory before the model existed. The plan's prediction is the update
-phase of ``dapo.plan.memory_plan`` for the same shape (its config.json), micro-batch and precision,
+phase of ``dapo.sweep.plan.memory_plan`` for the same shape (its config.json), micro-batch and precision,
 one process without FSDP, less the two terms a CPU has no counterpart for (vLLM asleep, the CUDA
 runtime overhead). Every sequence is full length, so the plan's worst case is the real case.
 """
@@ -62,7 +62,7 @@ def plan_config(model_dir: Path, seqs: int, prompt: int, resp: int, bf16: bool, 
 
 def predicted(cfg) -> tuple[float, list[tuple[str, float]]]:
     """The plan's update-phase bytes without the GPU-only terms, and its terms."""
-    from dapo import plan
+    from dapo.sweep import plan
     p = plan.memory_plan(cfg, plan.model_shape(cfg.model.path), gpu_gib=80.0)
     terms = [(t.name, t.bytes) for t in dict((ph.name, ph) for ph in p.phases)["update"].terms
              if not t.name.startswith(NOT_ON_CPU)]
@@ -78,9 +78,9 @@ def measure(cfg, threads: int = 1) -> dict[str, float]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from dapo import algo
-    from dapo.logprobs import response_mask
-    from dapo.rollout import RolloutBatch
-    from dapo.update import Policy, update_policy
+    from dapo.train.logprobs import response_mask
+    from dapo.train.rollout import RolloutBatch
+    from dapo.train.update import Policy, update_policy
     torch.set_num_threads(threads)
     n, prompt, resp = cfg.rollout.n, cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
     g = torch.Generator().manual_seed(0)

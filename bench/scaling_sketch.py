@@ -1,8 +1,8 @@
 """Scaling sketch, ON PAPER: the paper's 32B DAPO run (experiments/paper-dapo-32b.yaml) on N GPUs.
 
-This is arithmetic, not a measurement, and the same arithmetic as `dapo plan` (dapo/plan.py):
-the per-GPU memory peak and the time per rollout step come from :func:`dapo.plan.memory_plan`
-and :func:`dapo.plan.step_time`, with every assumption printed. Per GPU kind, only the memory
+This is arithmetic, not a measurement, and the same arithmetic as `dapo plan` (dapo/sweep/plan.py):
+the per-GPU memory peak and the time per rollout step come from :func:`dapo.sweep.plan.memory_plan`
+and :func:`dapo.sweep.plan.step_time`, with every assumption printed. Per GPU kind, only the memory
 and the decode throughput differ (same dense bf16 peak):
 
     python -m bench.scaling_sketch [--resp-len 4000 --rounds 1.0 --mfu 0.35 ...]
@@ -15,7 +15,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from dapo import plan
+from dapo.sweep import plan
 from dapo.config import load_config
 
 EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "paper-dapo-32b.yaml"

@@ -6,11 +6,11 @@ length meets the generation cap. :func:`build_base_model` makes one on a CPU in 
 minutes:
 
 1. random-init a :data:`dapo.models.TINY_PRESETS` model with the character tokenizer;
-2. supervised training on ``prompt + solution + EOS`` from :mod:`dapo.minitask`
+2. supervised training on ``prompt + solution + EOS`` from :mod:`dapo.data.minitask`
    (teacher forcing, loss on solution and EOS tokens only; AdamW, linear warm-up then
    linear decay to 0, grad clip 1.0, bf16 autocast over fp32 master weights);
 3. evaluation on ``arith-eval`` (200 problems): ``eval_samples`` samples per problem at
-   temperature 1.0 (top-k and top-p off), scored with :func:`dapo.rewards.dapo_score`
+   temperature 1.0 (top-k and top-p off), scored with :func:`dapo.data.rewards.dapo_score`
    on the text the cap leaves, reported at the recipe's ``cap`` and at a few other caps;
 4. ``save_pretrained`` model + tokenizer into ``out_dir`` (loadable by transformers and
    vLLM) and ``out_dir/base_model.json`` with the recipe, its hash, package versions,
@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dapo.minitask import N_EVAL, STYLES
+from dapo.data.minitask import N_EVAL, STYLES
 
 __all__ = ["RECIPE_VERSION", "Recipe", "build_base_model", "default_out_dir", "evaluate", "main", "recipe_hash",
            "resolve_policy_path", "summary"]
@@ -171,7 +171,7 @@ def _rows_to_tensors(p_ids: list[list[int]], s_ids: list[list[int]], eos: int, p
 def _sft_batches(recipe: Recipe, tokenizer):
     """Yield, for each step, a list of ``recipe.length_buckets`` chunks (ids, labels, mask), each
     [B_c, T_c] (see :func:`_rows_to_tensors`); with several, rows are sorted by length first."""
-    from dapo.minitask import sft_stream, solve
+    from dapo.data.minitask import sft_stream, solve
 
     stream = sft_stream(recipe.seed, n_ops=recipe.n_ops, operand_max=recipe.operand_max)
     style_rng = random.Random(f"dapo-sft-style:{recipe.seed}")
@@ -279,8 +279,8 @@ def _generate(model, tokenizer, prompts: Sequence[str], *, n: int, max_new_token
 def _metrics_at_cap(groups: list[list[list[int]]], problems: list[dict], tokenizer,
                     cap: int) -> dict[str, Any]:
     """Accuracy, group fractions, lengths and truncation when responses are cut at ``cap``."""
-    from dapo.minitask import style_of
-    from dapo.rewards import dapo_score
+    from dapo.data.minitask import style_of
+    from dapo.data.rewards import dapo_score
 
     eos = tokenizer.eos_token_id
     per: dict[str, dict[str, list[float]]] = {}
@@ -334,7 +334,7 @@ def _metrics_at_cap(groups: list[list[list[int]]], problems: list[dict], tokeniz
 
 def evaluate(model, tokenizer, recipe: Recipe, problems: list[dict] | None = None) -> dict[str, Any]:
     """Held-out numbers of ``model`` at every cap in ``recipe.caps`` (see module doc)."""
-    from dapo.minitask import eval_problems
+    from dapo.data.minitask import eval_problems
 
     problems = problems if problems is not None else eval_problems()[: recipe.eval_problems]
     t0 = time.perf_counter()

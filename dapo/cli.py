@@ -22,24 +22,24 @@ import sys
 from pathlib import Path
 
 COMMANDS = {
-    "train": ("dapo.train", "run (or resume) one training run: vLLM rollouts, rewards, dynamic sampling, "
+    "train": ("dapo.train.loop", "run (or resume) one training run: vLLM rollouts, rewards, dynamic sampling, "
                             "policy updates, eval, MLflow, checkpoints"),
     "config": ("dapo.cli", "print an experiment's resolved config (with overrides); --keys documents every key"),
-    "runs": ("dapo.runs_list", "list the runs under an output root (or of a sweep): arm, seed, status, last step, "
+    "runs": ("dapo.commands.runs", "list the runs under an output root (or of a sweep): arm, seed, status, last step, "
                                "final metric, wall time, and the mlflow ui command"),
-    "sweep": ("dapo.sweep", "expand / submit / status / cancel an ablation sweep (Slurm via submitit, or local)"),
-    "plan": ("dapo.plan", "per-GPU memory and step time of an experiment on a cluster profile (arithmetic); "
+    "sweep": ("dapo.commands.sweep", "expand / submit / status / cancel an ablation sweep (Slurm via submitit, or local)"),
+    "plan": ("dapo.sweep.plan", "per-GPU memory and step time of an experiment on a cluster profile (arithmetic); "
                           "exit 1 when it does not fit"),
     "figures": ("analysis.report", "a sweep's figures, Table 1 and report.md: from the runs in --runs DIR (or "
                                    "--from-snapshot) into --to DIR"),
-    "eval": ("dapo.eval_cmd", "evaluate a run's checkpoint, a model dir or a named model by a protocol: k samples "
+    "eval": ("dapo.commands.eval", "evaluate a run's checkpoint, a model dir or a named model by a protocol: k samples "
                               "per problem, pass@k / maj@k curves, per-sample records (resumable)"),
-    "diff": ("dapo.diff_cmd", "two runs compared: the config keys that differ (A's value, B's) and the headline "
+    "diff": ("dapo.commands.diff", "two runs compared: the config keys that differ (A's value, B's) and the headline "
                               "metrics side by side at the rollout steps both logged"),
-    "export": ("dapo.export_cmd", "write a run's checkpoint (--step S, default the latest) as a Hugging Face model "
+    "export": ("dapo.commands.export", "write a run's checkpoint (--step S, default the latest) as a Hugging Face model "
                                   "dir (safetensors, tokenizer): from_pretrained and `dapo eval DIR` load it"),
     "base": ("dapo.base_model", "build (or reuse) the tiny supervised base model of the mini reproduction"),
-    "demo": ("dapo.demo", "GRPO vs DAPO on the tiny model, end to end, into results/demo/"),
+    "demo": ("dapo.commands.demo", "GRPO vs DAPO on the tiny model, end to end, into results/demo/"),
 }
 
 INTERRUPTED = 130
@@ -163,7 +163,7 @@ def train_main(argv: list[str], train_fn=None) -> int:
     """``dapo train``: every input is checked (config, data, model, eval sets) before the run
     directory exists; one line and exit status 2 for each problem. A finished run exits at once.
 
-    ``train_fn`` is :func:`dapo.train.train` (``dapo.train.main`` passes it; ``dapo train`` loads the
+    ``train_fn`` is :func:`dapo.train.loop.train` (``dapo.train.loop.main`` passes it; ``dapo train`` loads the
     module by name, as every subcommand is loaded, once the inputs are known to be good)."""
     if not argv:
         print(train_parser().format_usage() + TRAIN_EXAMPLE, file=sys.stderr)
@@ -198,13 +198,13 @@ def train_main(argv: list[str], train_fn=None) -> int:
             print(f"already finished: {run_dir}" + (f"\n  browse: {mlflow_ui_command(done['mlflow_uri'])}"
                                                     if isinstance(done.get("mlflow_uri"), str) else ""))
         return 0
-    from dapo.checkpoint import CheckpointError
-    from dapo.distributed import CudaUnavailableError
+    from dapo.train.checkpoint import CheckpointError
+    from dapo.dist.distributed import CudaUnavailableError
     from dapo.models import CacheBusyError
     from dapo.file_lock import NoLocksError
     from dapo.preflight import ToolchainError, check_compile_toolchain
     from dapo.run_dir import RunDirNoLocks
-    from dapo.tracking import TrackingError
+    from dapo.tracking.tracker import TrackingError
     try:
         check_compile_toolchain(cfg, _cuda_available)    # vLLM's compiled CUDA path: a compiler, Python.h
         with hold_run_dir(run_dir, enabled=main_rank):   # train() finds it held (re-entrant)
@@ -246,7 +246,7 @@ def train_main(argv: list[str], train_fn=None) -> int:
 def version() -> str:
     """``dapo <version> (commit <sha>)``."""
     from dapo import __version__
-    from dapo.tracking import git_commit
+    from dapo.tracking.tracker import git_commit
     return f"dapo {__version__} (commit {git_commit()})"
 
 

@@ -61,7 +61,7 @@ def doc(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasse
 
 def default_chunk_rows(vocab: int) -> int:
     """``train.logits_chunk_tokens`` unset: rows of a [rows, V] float32 chunk of ~16 MiB (at least 16):
-    64k rows at V=64, 256 at 16k, 27 at 150k (dapo.logprobs, dapo.algo, dapo.plan)."""
+    64k rows at V=64, 256 at 16k, 27 at 150k (dapo.train.logprobs, dapo.algo, dapo.sweep.plan)."""
     return max(16, (1 << 22) // max(vocab, 1))
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class DataConfig:
     on_bad: Literal["drop", "fail"] = doc("what to do with bad rows (missing answer, non-string prompt, too long)", "drop")
     drop_solved: bool = doc("a prompt whose G responses were all correct leaves the training pool: it is not drawn "
                             "again from the next epoch on (within an epoch every prompt is drawn once); kept in "
-                            "the sampler's checkpointed state (dapo.sampler)", False)
+                            "the sampler's checkpointed state (dapo.data.sampler)", False)
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ class DynamicSamplingConfig:
 @dataclass(frozen=True)
 class RolloutCorrectionConfig:
     mode: Literal["none", "tis", "mis", "icepop", "geo_rs"] = doc(
-        "correct the rollout-training mismatch rho = pi_old/pi_rollout (dapo.corrections): none, tis (truncated "
+        "correct the rollout-training mismatch rho = pi_old/pi_rollout (dapo.algo.corrections): none, tis (truncated "
         "IS weight min(rho, cap)), mis (IS weight, rejected outside [lo, hi]), icepop (token band [lo, hi]), "
         "geo_rs (reject sequences whose geometric-mean rho is outside [lo, hi]); none rather than off, which YAML reads as false", "none")
     level: Literal["token", "sequence"] = doc("tis/mis: per token, or one weight per sequence (the product of rho)",
@@ -252,7 +252,7 @@ class TrainConfig:
         "rows, default_chunk_rows)", None)
     packed: bool = doc(
         "padding-free forwards: each micro-batch's sequences concatenated into one row, position ids restarting "
-        "per sequence, attention causal within each sequence (dapo.logprobs.pack_flat); the token budget then "
+        "per sequence, attention causal within each sequence (dapo.train.logprobs.pack_flat); the token budget then "
         "counts real tokens. Same numbers as padded up to float summation order", False)
     ppo_epochs: int = doc("passes over each rollout batch", 1)
     lr: float = doc("AdamW learning rate (the paper: 1e-6)", 1e-6)
@@ -264,7 +264,7 @@ class TrainConfig:
     threads: Optional[int] = doc("torch CPU threads per process (None = OMP_NUM_THREADS if set, else this "
                                  "process's CPUs (affinity) / processes on the node)", None)
     staleness: int = doc("k: the rollouts of step r are sampled with the weights after update r-1-k (the "
-                         "initial ones before that), deterministically (dapo.staleness); 0 = on-policy, as the paper. "
+                         "initial ones before that), deterministically (dapo.train.staleness); 0 = on-policy, as the paper. "
                          "pi_old stays the trainer's (decoupled: algo.rollout_correction weighs the lag) unless "
                          "algo.old_logprobs=rollout (bypass)", 0)
 
@@ -287,7 +287,7 @@ class LoggingConfig:
     sweep: str = doc("sweep name tag (set by the sweep launcher)", "")
     arm: str = doc("arm name tag (set by the sweep launcher)", "")
     declaration: str = doc("the sweep's declaration record the run was started under (set by `dapo sweep submit`; "
-                           "MLflow tag dapo.declaration)", "")
+                           "MLflow tag dapo.sweep.declaration)", "")
     progress: bool = doc("show progress bars", True)
 
 
@@ -303,11 +303,11 @@ class CheckpointConfig:
         "write checkpoints in the background: the state is copied to CPU memory at the step (the trainer waits "
         "only for that copy), the files are written while training goes on, and the checkpoint is published "
         "at the next one or at the end, its metrics sent to MLflow then; a crash before that resumes from the "
-        "one before (dapo.checkpoint)", False)
+        "one before (dapo.train.checkpoint)", False)
     on_preempt: Literal["immediate", "step_boundary"] = doc(
         "on SIGUSR2 (Slurm's warning before a preemption or the time limit): immediate (submitit requeues at "
         "once; the run resumes from its last periodic checkpoint) or step_boundary (finish the rollout step, "
-        "checkpoint it, then requeue: the step must fit in the profile's signal_delay_s; dapo.preemption)",
+        "checkpoint it, then requeue: the step must fit in the profile's signal_delay_s; dapo.dist.preemption)",
         "immediate")
 
 

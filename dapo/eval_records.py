@@ -7,13 +7,13 @@ with the fields of :data:`FIELDS`:
 
     version      RECORD_VERSION of the writer
     set          the eval set, named as in the metrics ``eval/<set>/...``
-    problem      stable problem id ``<source>:<row index>`` (``problem_id(dapo.run_data.example_key(ex))``)
+    problem      stable problem id ``<source>:<row index>`` (``problem_id(dapo.data.run_data.example_key(ex))``)
     sample       0 .. k-1 within the problem
     step         rollout step of the evaluation (0: before training); null if the caller has none
     grad_step    gradient step of the evaluation; null if the caller has none
     seed         seed of the evaluation's generation call (each prompt's own seed derives from it)
     prompt_hash  the first 16 hex digits of sha256 over the prompt's token ids (``prompt_hash``)
-    answer       the extracted answer (``dapo.rewards.extract_answer``), null if none
+    answer       the extracted answer (``dapo.data.rewards.extract_answer``), null if none
     correct      whether the problem's scorer scored the sample correct
     length       response tokens (the EOS token included when there is one)
     finished     true: ended by EOS; false: cut at the token cap

@@ -10,13 +10,13 @@ find it, or it poisons its own loss, gradients or weights.
 variable                            effect
 ==================================  ==========================================================
 ``DAPO_FAULT_KILL_AT_STEP=s``       SIGKILL after rollout step s's update, before its
-                                    checkpoint (read by dapo.train)
+                                    checkpoint (read by dapo.train.loop)
 ``DAPO_FAULT_KILL_AFTER_CHECKPOINT``  ``=s``: SIGKILL right after checkpoint s is published,
                                     before its buffered metrics are flushed to MLflow
 ``DAPO_FAULT_KILL_IN_CHECKPOINT``   ``=s``: SIGKILL in the middle of writing checkpoint s
                                     (model.pt written, optimizer and state.json not yet)
 ``DAPO_FAULT_KILL_IN_EVAL``        ``=c``: SIGKILL right after ``dapo eval`` wrote its c-th chunk
-                                    file (read by dapo.eval_cmd)
+                                    file (read by dapo.commands.eval)
 ``DAPO_FAULT_KILL_IN_FLUSH``        ``=k``: SIGKILL right after the k-th point this process
                                     sends to MLflow (so a flush of several points is cut)
 ``DAPO_FAULT_ENGINE_FAIL_AT_STEP``  ``=s``: the rollout engine dies mid-generation (it

@@ -1,7 +1,7 @@
 """Exclusive advisory locks on a lock file (``fcntl.flock``), the one implementation.
 
-Three places serialize processes on a file: the sweep's submission record (``dapo.launcher``), the
-creation of a sqlite MLflow store (``dapo.tracking.store_lock``) and the build of a model-cache entry
+Three places serialize processes on a file: the sweep's submission record (``dapo.sweep.launcher``), the
+creation of a sqlite MLflow store (``dapo.tracking.tracker.store_lock``) and the build of a model-cache entry
 (``dapo.models.build_lock``). A ``flock`` belongs to the open file description: it is released when the
 descriptor is closed, and by the kernel when its process dies however it dies (``kill -9``, OOM).
 

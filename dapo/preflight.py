@@ -17,7 +17,7 @@
 
 Each problem is one :class:`~dapo.config.ConfigError` naming the key, the value and what to do,
 raised before a run directory exists. Pure: imports neither torch nor vllm (dapo.models and
-dapo.data import them lazily).
+dapo.data.datasets import them lazily).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def check_compile_toolchain(cfg: Config, cuda: bool | Callable[[], bool], *, whi
     is missing and ``rollout.enforce_eager=true``) before the model or the engine is loaded. ``cuda``:
     whether this job's engine runs on CUDA, or a function that asks (called only when it matters: ``dapo
     train`` asks torch; a sweep job knows from its resources). Called where a job starts:
-    ``dapo.launcher.RunJob`` on every node, ``dapo train``."""
+    ``dapo.sweep.launcher.RunJob`` on every node, ``dapo train``."""
     if cfg.rollout.engine != "vllm" or cfg.rollout.enforce_eager or not (cuda() if callable(cuda) else cuda):
         return
     problem = toolchain_problem(which, include_dir)
@@ -88,7 +88,7 @@ def finished_summary(run_dir: str | os.PathLike) -> dict | None:
 
 
 def _eval_set_key(name: str) -> str:
-    """The eval set's name in metric names (as :mod:`dapo.run_data` and :mod:`dapo.evaluate` build it)."""
+    """The eval set's name in metric names (as :mod:`dapo.data.run_data` and :mod:`dapo.train.evaluate` build it)."""
     short = Path(name).stem if os.sep in name else name
     return short.replace("/", "_")
 
@@ -102,8 +102,8 @@ def eval_metric_names(cfg: Config) -> list[str]:
 
 def _check_data(name: str, key: str, where: str) -> Path | None:
     """Raise unless ``name`` is a registered data set, ``hf:...`` or an existing data file; the file's path."""
-    from dapo.data import DATASETS
-    from dapo.readers import READERS
+    from dapo.data.datasets import DATASETS
+    from dapo.data.readers import READERS
     if name in DATASETS or name.startswith("hf:"):
         return None
     p = Path(name).expanduser()
@@ -222,8 +222,8 @@ def lost_store(run_dir: str | os.PathLike) -> tuple[str, Path] | None:
 
 def check_history(run_dir: str | os.PathLike) -> None:
     """ConfigError when :func:`lost_store` finds the run's store gone, saying how to go on
-    (:func:`dapo.tracking.lost_history`; ``dapo train --new-mlflow-run`` skips this check)."""
-    from dapo.tracking import lost_history
+    (:func:`dapo.tracking.tracker.lost_history`; ``dapo train --new-mlflow-run`` skips this check)."""
+    from dapo.tracking.tracker import lost_history
     lost = lost_store(run_dir)
     if lost:
         raise ConfigError(lost_history(lost[0], f"was logged to {lost[1]}, which no longer exists"))
@@ -232,9 +232,9 @@ def check_history(run_dir: str | os.PathLike) -> None:
 def check_store(uri: str, where: str, key: str = "logging.tracking_uri") -> None:
     """Raise ConfigError unless the MLflow store behind ``uri`` can be used: an existing ``sqlite:///``
     file must be an SQLite database (a missing one is created by the run); a server or database URI must
-    answer (:func:`dapo.tracking.check_server`, a few seconds at most)."""
+    answer (:func:`dapo.tracking.tracker.check_server`, a few seconds at most)."""
     from dapo.store_checks import SERVER_SCHEMES, scheme, sqlite_path
-    from dapo.tracking import TrackingError, check_server, redact
+    from dapo.tracking.tracker import TrackingError, check_server, redact
     db = sqlite_path(uri)
     if db is not None:
         problem = sqlite_problem(db)
@@ -257,8 +257,8 @@ def sqlite_problem(db: Path) -> str | None:
 def check_run(cfg: Config, where: str) -> None:
     """:func:`check_sources`, a reachable hub id, the local data files read as the run will read them
     (enough training problems for one generation round), ``output_dir`` and the MLflow store."""
-    from dapo.data import DATASETS, load_dataset
-    from dapo.prompts import DataError
+    from dapo.data.datasets import DATASETS, load_dataset
+    from dapo.data.prompts import DataError
     check_sources(cfg, where)
     check_model(cfg.model.path, where)
     check_output_dir(cfg, where)

@@ -9,9 +9,9 @@ Phases, each driven directly (``dapo train`` needs MLflow; vLLM is not imported:
 1. the bf16 (CPU: fp32) matmul rate of this device, measured;
 2. for each shape (``tiny-25m`` and a Qwen2.5-0.5B-shaped random model; ``--cpu``: ``tiny-3m`` and
    a narrower 0.5B-like model), a 1-rank process group (NCCL for CUDA tensors + gloo; ``--cpu``:
-   gloo), the model loaded FSDP2-sharded (``dapo.distributed.load_sharded_causal_lm``: bf16
+   gloo), the model loaded FSDP2-sharded (``dapo.dist.distributed.load_sharded_causal_lm``: bf16
    compute, fp32 master and reduce), gradient checkpointing, chunked log-probs, one optimizer
-   step of ``dapo.update.update_policy`` at the config's token budget, timed after a warm-up:
+   step of ``dapo.train.update.update_policy`` at the config's token budget, timed after a warm-up:
    MFU = 6·P·tokens / time / measured matmul rate (and 8·P: with the recomputed forward); peak memory
    (``torch.cuda.max_memory_allocated``) against ``dapo plan``'s update phase for the same shape
    and budget (less vLLM and the runtime overhead, which this check does not have);
@@ -19,7 +19,7 @@ Phases, each driven directly (``dapo train`` needs MLflow; vLLM is not imported:
    ones on a mixed-length batch (fp32, limit 1e-4: this transformers and attention kernel keep packed
    sequences apart), then the update's MFU on uniform and on mixed lengths (L/8..L), padded and
    packed, with mixed/uniform per layout (target for packed: >= 0.90);
-3. a DCP checkpoint of the sharded model and optimizer (``dapo.checkpoint.save_checkpoint``), loaded
+3. a DCP checkpoint of the sharded model and optimizer (``dapo.train.checkpoint.save_checkpoint``), loaded
    into a fresh sharded model and optimizer: every weight and AdamW moment equal, bit for bit;
 4. 2 rollout steps with the plain-transformers engine on the device (generate, score, advantages,
    update; the engine shares the trainer's weights): the tiny config's loop phases.
@@ -82,7 +82,7 @@ def init_group(cuda: bool):
     import torch
     import torch.distributed as dist
 
-    from dapo.distributed import DistInfo
+    from dapo.dist.distributed import DistInfo
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -134,7 +134,7 @@ def full_length_batch(cfg, vocab: int, seed: int = 0, mixed: bool = False):
     batch's spread, so that short sequences share a packed row)."""
     import torch
 
-    from dapo.rollout import RolloutBatch
+    from dapo.train.rollout import RolloutBatch
     g = torch.Generator().manual_seed(seed)
     B, n = cfg.train.batch_prompts, cfg.rollout.n
     P, L = cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens
@@ -151,8 +151,8 @@ def full_length_batch(cfg, vocab: int, seed: int = 0, mixed: bool = False):
 def sharded_policy(cfg, path: Path, d):
     import torch
 
-    from dapo.distributed import load_sharded_causal_lm
-    from dapo.update import Policy
+    from dapo.dist.distributed import load_sharded_causal_lm
+    from dapo.train.update import Policy
     model = load_sharded_causal_lm(path, dtype="float32", dist_info=d, bf16=True, gradient_checkpointing=True)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -164,9 +164,10 @@ def update_phase(name: str, path: Path, d, cpu: bool, tflops: float, tokens: int
     """Phase 2 on one shape: MFU and peak memory against the plan; returns the policy and config."""
     import torch
 
-    from dapo import algo, plan
-    from dapo.logprobs import response_mask
-    from dapo.update import update_policy
+    from dapo import algo
+    from dapo.sweep import plan
+    from dapo.train.logprobs import response_mask
+    from dapo.train.update import update_policy
     cfg = check_config(path, cpu, tokens, chunk)
     policy = sharded_policy(cfg, path, d)
     P = sum(p.numel() for p in policy.model.parameters())
@@ -223,9 +224,9 @@ def packed_phase(name: str, path: Path, d, cpu: bool, tflops: float, tokens: int
     import torch
 
     from dapo import algo
-    from dapo.logprobs import old_logprobs, response_forward, response_mask
+    from dapo.train.logprobs import old_logprobs, response_forward, response_mask
     from dapo.models import load_model
-    from dapo.update import update_policy
+    from dapo.train.update import update_policy
     cfgs = {lay: check_config(path, cpu, tokens, chunk, packed=lay == "packed") for lay in ("padded", "packed")}
     plain = load_model(path, dtype="float32").to(d.device).eval()
     batches = {k: full_length_batch(cfgs["padded"], plain.config.vocab_size, seed=1, mixed=k == "mixed")
@@ -275,8 +276,8 @@ def checkpoint_phase(state: dict, path: Path, d, root: Path) -> None:
     """Phase 3: DCP save of the sharded model + optimizer, load into fresh ones, compare bit for bit."""
     import torch
 
-    from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-    from dapo.distributed import full_tensor
+    from dapo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from dapo.dist.distributed import full_tensor
     p = state["policy"]
     run_dir = root / "run"
     t = time.perf_counter()
@@ -305,15 +306,15 @@ def rollout_phase(path: Path, d, steps: int = 2) -> None:
     from dapo import algo
     from dapo.config import load_config
     from dapo.engines import make_engine
-    from dapo.logprobs import response_loss_mask, response_mask
+    from dapo.train.logprobs import response_loss_mask, response_mask
     from dapo.models import load_tokenizer
-    from dapo.rollout import collect_rollouts
-    from dapo.run_data import load_run_data
-    from dapo.update import build_policy, update_policy
+    from dapo.train.rollout import collect_rollouts
+    from dapo.data.run_data import load_run_data
+    from dapo.train.update import build_policy, update_policy
     cfg = load_config(REPO / "experiments" / "tiny-random-smoke.yaml",
                       [f"model.path={path}", "rollout.engine=hf", "launch.fsdp=false", "eval.datasets=[]"])
     tok = load_tokenizer(path)
-    from dapo.distributed import DistInfo
+    from dapo.dist.distributed import DistInfo
     policy = build_policy(cfg, path, DistInfo(device=d.device), tok.pad_token_id or 0)
     sampler, prompt_tokens, _, _ = load_run_data(cfg, tok, lambda *a: None)
     engine = make_engine("hf", path, seed=cfg.train.seed, trainer_model=policy.module)

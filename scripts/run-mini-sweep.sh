@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPEC=${1:-sweeps/table1-mini.yaml}
-NAME=$(.venv/bin/python -c "import sys; from dapo.sweep_spec import load_spec; print(load_spec(sys.argv[1]).name)" "$SPEC")
+NAME=$(.venv/bin/python -c "import sys; from dapo.sweep.spec import load_spec; print(load_spec(sys.argv[1]).name)" "$SPEC")
 OUT=${2:-runs/$NAME}
 .venv/bin/dapo sweep submit "$SPEC" --cluster local --output "$OUT"
 .venv/bin/dapo sweep status "$SPEC" --output "$OUT" || true

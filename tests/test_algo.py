@@ -125,7 +125,7 @@ def test_fully_masked_rows_are_not_sequences(mode, expected, old_convention):
     values = torch.cat([HAND_VALUES, torch.full((1, 4), 9.0)])
     mask = torch.cat([HAND_MASK, torch.zeros(1, 4)])
     assert algo.aggregate(values, mask, mode).item() == pytest.approx(expected, rel=1e-7)
-    # what dapo.update passes as num_seqs: rows with >= 1 loss token (the value above) ...
+    # what dapo.train.update passes as num_seqs: rows with >= 1 loss token (the value above) ...
     assert algo.aggregate(values, mask, mode, num_seqs=(mask.sum(-1) > 0).sum()).item() == pytest.approx(expected)
     # ... not all rows: that scaled the loss by 1 - (filtered fraction)
     assert algo.aggregate(values, mask, mode, num_seqs=3).item() == pytest.approx(old_convention, rel=1e-7)

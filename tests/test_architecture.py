@@ -113,17 +113,17 @@ def test_vllm_only_in_the_vllm_engine():
 
 
 def test_minitask_imports_nothing_from_dapo():
-    assert not {i for i in _all_imports("dapo.minitask") if i.split(".")[0] == "dapo"}
+    assert not {i for i in _all_imports("dapo.data.minitask") if i.split(".")[0] == "dapo"}
 
 
 def test_runs_is_a_leaf_of_analysis():
     assert not {i for i in _all_imports("analysis.runs") if i.startswith("analysis.")}
 
 
-@pytest.mark.parametrize("module", ["dapo.cluster", "dapo.sweep_spec", "dapo.yaml_checks", "dapo.yaml_io", "dapo.config", "dapo.plan",
-                                    "dapo.preflight", "dapo.runs_list", "dapo.logs",
-                                    "dapo.prompts", "dapo.readers", "dapo.data", "dapo.sampler", "dapo.minitask",
-                                    "dapo.eval_records", "dapo.eval_metrics"])
+@pytest.mark.parametrize("module", ["dapo.sweep.cluster", "dapo.sweep.spec", "dapo.yaml_checks", "dapo.yaml_io", "dapo.config", "dapo.sweep.plan",
+                                    "dapo.preflight", "dapo.commands.runs", "dapo.logs",
+                                    "dapo.data.prompts", "dapo.data.readers", "dapo.data.datasets", "dapo.data.sampler", "dapo.data.minitask",
+                                    "dapo.eval_records", "dapo.algo.eval_metrics"])
 def test_pure_modules_import_neither_torch_nor_submitit(module):
     """Not in the module itself (anywhere), nor at import time through what it imports from dapo."""
     heavy = {"torch", "submitit", "transformers", "vllm"}
@@ -142,8 +142,8 @@ def test_pure_modules_import_neither_torch_nor_submitit(module):
 
 def test_analysis_reads_no_training_code():
     """analysis/ may use dapo's pure config layer (config, sweep specs) and the eval-record readers, never the training side."""
-    allowed = {"dapo.config", "dapo.yaml_io", "dapo.sweep_spec", "dapo.yaml_checks", "dapo.eval_records", "dapo.store_checks",
-               "dapo.eval_metrics", "dapo.declaration"}
+    allowed = {"dapo.config", "dapo.yaml_io", "dapo.sweep.spec", "dapo.yaml_checks", "dapo.eval_records", "dapo.store_checks",
+               "dapo.algo.eval_metrics", "dapo.declaration"}
     for m in GRAPH:
         if m.startswith("analysis"):
             used = {i for i in GRAPH[m] if i.startswith("dapo")}

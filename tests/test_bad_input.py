@@ -368,8 +368,8 @@ def test_dry_run_prints_the_dapo_train_command_of_each_task_and_it_reproduces_th
 
 def test_base_and_cluster_resolve_against_this_checkout_first(tmp_path, monkeypatch):
     """A spec in another checkout reads that checkout's experiment, and --cluster NAME its slurm/NAME.yaml."""
-    from dapo.cluster import load_profile
-    from dapo.sweep_spec import load_spec
+    from dapo.sweep.cluster import load_profile
+    from dapo.sweep.spec import load_spec
     (tmp_path / "experiments").mkdir()
     text = SMOKE.read_text().replace("inherit: tiny-grpo.yaml", f"inherit: {REPO}/experiments/tiny-grpo.yaml")
     (tmp_path / "experiments" / "tiny-random-smoke.yaml").write_text(text.replace("n: 4", "n: 2"))
@@ -407,7 +407,7 @@ def test_engine_log_goes_to_the_run_dir_and_to_the_terminal_only_when_verbose(tm
 def test_a_run_writes_its_mlflow_artifacts_under_its_output_dir_not_the_working_dir(tmp_path, monkeypatch):
     """MLflow's default artifact root is ./mlruns of the working directory; the store's experiments
     keep theirs beside the database instead."""
-    from dapo.tracking import Tracker
+    from dapo.tracking.tracker import Tracker
     work, out = tmp_path / "cwd", tmp_path / "out"
     work.mkdir()
     monkeypatch.chdir(work)

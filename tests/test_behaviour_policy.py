@@ -1,4 +1,4 @@
-"""Step 5, the behaviour policy (dapo/behaviour.py): each mode of the registry on a hand-made batch of
+"""Step 5, the behaviour policy (dapo/train/behaviour.py): each mode of the registry on a hand-made batch of
 4 responses (2 groups of 2) with the trainer's forwards faked, checking which log-probs are π_old and
 π_rollout, the loss mask, the token weights and the metric keys; which modes a config runs; and that
 the loop that calls them stays short."""
@@ -12,9 +12,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dapo import behaviour as bp
+from dapo.train import behaviour as bp
 from dapo.config import load_config
-from dapo.rollout import RolloutBatch
+from dapo.train.rollout import RolloutBatch
 
 # 4 responses of 3, 2, 3 and 1 tokens (L = 3); log rho = old - rollout on the real tokens:
 #   row 0: log 1.5, log 0.25, 0     row 1: log 3.0, log 1.1     row 2: 0, 0, log 0.5     row 3: log 1.2
@@ -229,8 +229,8 @@ def test_advantage_stats_count_only_the_loss_tokens():
 
 # =========================================================================== the loop
 def test_the_training_loop_reads_as_algorithm_1_in_at_most_60_lines():
-    from dapo import train
+    from dapo.train import loop as train
     src = inspect.getsource(train._train)
     assert len(src.rstrip("\n").splitlines()) <= 60
     assert "_behaviour(run, batch, adv, r)" in src and "after_update" in src
-    assert "old_logprobs(" not in src and "single_step_on_policy" not in src    # the modes live in dapo.behaviour
+    assert "old_logprobs(" not in src and "single_step_on_policy" not in src    # the modes live in dapo.train.behaviour

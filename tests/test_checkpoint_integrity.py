@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dapo.checkpoint import (CHECKSUMS, CheckpointError, checkpoint_problem, latest_checkpoint, load_checkpoint,
+from dapo.train.checkpoint import (CHECKSUMS, CheckpointError, checkpoint_problem, latest_checkpoint, load_checkpoint,
                              load_latest, save_checkpoint)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,7 +193,7 @@ def test_a_run_whose_latest_checkpoint_was_damaged_resumes_from_the_one_before_t
 def test_dapo_train_with_no_intact_checkpoint_is_one_error_line(tmp_path, monkeypatch, capsys):
     """Every checkpoint damaged: `dapo train` says which and what to do in one line, exit 1."""
     from dapo import cli
-    from dapo.checkpoint import CheckpointError as CE
+    from dapo.train.checkpoint import CheckpointError as CE
 
     def boom(cfg, run_dir):
         raise CE(f"{run_dir}/checkpoints: no intact checkpoint (step_000002: model.pt is missing); move the "

@@ -32,7 +32,7 @@ def test_a_sharded_checkpoint_fsyncs_each_file_once_dcp_its_shards_each_rank_its
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from dapo.checkpoint import SHARDS, save_checkpoint
+    from dapo.train.checkpoint import SHARDS, save_checkpoint
     synced: list[str] = []
     real_fsync = os.fsync
 
@@ -68,7 +68,7 @@ def test_a_sharded_checkpoint_fsyncs_each_file_once_dcp_its_shards_each_rank_its
 _TORCHRUN_RANK = """
 import datetime, os, pathlib, sys, time
 import torch.distributed as dist
-from dapo.preemption import StepBoundarySignal
+from dapo.dist.preemption import StepBoundarySignal
 out, rank, world = pathlib.Path(sys.argv[1]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
 sig = StepBoundarySignal().install()
@@ -107,8 +107,8 @@ def test_usr2_reaches_the_ranks_that_torchrun_starts_in_sessions_of_their_own(tm
     `os.killpg(launcher, USR2)` never reached them and the job waited signal_delay_s - 30 s for nothing.
     on_preempt immediate: RunJob.checkpoint requeues at once and leaves the ranks alone (the requeue ends them);
     step_boundary: every rank gets USR2, they stop at the same step, checkpoint, exit 75, and the wait ends."""
-    from dapo import launcher
-    from dapo.preemption import PREEMPTED_EXIT
+    from dapo.sweep import launcher
+    from dapo.dist.preemption import PREEMPTED_EXIT
     script = tmp_path / "rank.py"
     script.write_text(_TORCHRUN_RANK)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -168,9 +168,9 @@ def test_killing_the_printed_local_job_or_cancelling_the_sweep_leaves_no_trainer
     import functools
     import threading
 
-    from dapo import launcher
-    from dapo.cluster import load_profile
-    from dapo.sweep_spec import load_spec
+    from dapo.sweep import launcher
+    from dapo.sweep.cluster import load_profile
+    from dapo.sweep.spec import load_spec
     from tests.test_sweep import write_spec
     spec = load_spec(write_spec(tmp_path, seeds=[0], max_concurrent=1))          # 2 arms x 1 seed
     out, logs = tmp_path / "out", []
@@ -217,8 +217,8 @@ def test_the_example_gpu_profile_loads_no_cuda_or_nccl_module_and_keeps_compile_
     """A module that sets LD_LIBRARY_PATH can put an older libnccl.so.2 before the one the pip wheels bring,
     and `import torch` fails (docs/SCALING.md). The template users copy loads no such module and sets no
     library path; vLLM's and Triton's compile caches go to node-local disk, not the shared home."""
-    from dapo.cluster import load_profile
-    from dapo.launcher import setup_lines
+    from dapo.sweep.cluster import load_profile
+    from dapo.sweep.launcher import setup_lines
     prof = load_profile("example-gpu-cluster")
     lines = setup_lines(prof)
     assert not [l for l in lines if l.split()[:1] == ["module"] and any(
@@ -267,7 +267,8 @@ def test_a_job_without_the_toolchain_stops_at_its_start_with_one_line(tmp_path, 
     exits 1 before the run dir is touched; a sweep's RunJob on a GPU node raises before anything loads."""
     import shutil
 
-    from dapo import cli, launcher
+    from dapo import cli
+    from dapo.sweep import launcher
     from dapo.config import to_dict
     from dapo.preflight import ToolchainError
     monkeypatch.delenv("CC", raising=False)
@@ -371,7 +372,8 @@ def test_dapo_train_and_sweep_submit_on_a_file_system_without_locks_say_so_in_on
     import errno
     import fcntl
 
-    from dapo import cli, sweep
+    from dapo import cli
+    from dapo.commands import sweep
     from tests.test_sweep import write_spec
     monkeypatch.setattr(fcntl, "lockf", _failing(errno.ENOLCK))
     monkeypatch.setattr(fcntl, "flock", _failing(errno.ENOLCK))
@@ -389,14 +391,14 @@ def test_a_gpu_sweep_running_jobs_together_on_a_sqlite_store_is_refused_with_the
     """sweeps/table1.yaml runs 2 jobs of 16 nodes at a time; with the example profile (no tracking_uri) both
     would write <output>/mlruns.db on the cluster's shared file system. `dapo sweep submit` refuses in one
     line naming the command that starts a tracking server; --dry-run warns; a server URI passes this check."""
-    from dapo import sweep
+    from dapo.commands import sweep
     out = tmp_path / "out"
     args = ["submit", str(REPO / "sweeps" / "table1.yaml"), "--cluster", "example-gpu-cluster", "--output", str(out)]
     assert sweep.main(args) == 2
     err = [l for l in capsys.readouterr().err.strip().splitlines() if l.startswith("error") or "Traceback" in l]
     assert len(err) == 1 and err[0].startswith("error: ") and "2 GPU jobs at a time" in err[0], err
     assert f"sqlite MLflow store ({out / 'mlruns.db'})" in err[0]
-    assert f"python -m dapo.mlflow_server --root {out} --host" in err[0] and "max_concurrent: 1" in err[0]
+    assert f"python -m dapo.tracking.mlflow_server --root {out} --host" in err[0] and "max_concurrent: 1" in err[0]
     assert not (out / "sweeps").exists()                                     # nothing submitted or declared
     assert sweep.main([*args, "--dry-run"]) == 0
     assert "warning: submitting would be refused: " in capsys.readouterr().out

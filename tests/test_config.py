@@ -213,7 +213,7 @@ SWEEP_IDS_FIRST_SEEDS = {"table1-mini": (6, "4fe12b3f0605"), "smollm2-mini": (3,
 @pytest.mark.parametrize("name", sorted(SWEEP_IDS))
 def test_shipped_sweep_run_ids_are_unchanged(name, tmp_path):
     import hashlib
-    from dapo.sweep_spec import expand, load_spec
+    from dapo.sweep.spec import expand, load_spec
     jobs = expand(REPO / "sweeps" / f"{name}.yaml", tmp_path)
     ids = ",".join(j.run_id for j in jobs)
     assert hashlib.sha256(ids.encode()).hexdigest()[:12] == SWEEP_IDS[name]

@@ -1,4 +1,4 @@
-"""The behaviour policy (dapo/corrections.py): each correction on hand-derived tensors, the weights
+"""The behaviour policy (dapo/algo/corrections.py): each correction on hand-derived tensors, the weights
 detached, the mismatch metrics by hand, the engines' log-probs against the trainer's, and the
 config defaults leaving every hash alone."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from dapo.corrections import apply, correction, mismatch_metrics
+from dapo.algo.corrections import apply, correction, mismatch_metrics
 
 # two responses: row 0 has 3 tokens, row 1 has 2 (+1 padding). log rho = old - rollout:
 #   row 0: log(1.5), log(0.25), 0        -> rho 1.5, 0.25, 1.0   (prod 0.375, geo mean 0.375^(1/3) = 0.721)
@@ -181,7 +181,7 @@ def test_the_hf_engine_returns_the_trainers_log_probs_in_fp32(temperature, top_p
     """The same fp32 weights on both sides: |log π_rollout − log π_old| <= 1e-5 per token (the raw-logit
     bug would give ~log-ratios of the temperature's size at T = 0.7)."""
     from dapo.engines import SamplingSpec, make_engine
-    from dapo.logprobs import response_logits, token_logprobs
+    from dapo.train.logprobs import response_logits, token_logprobs
     from dapo.models import load_model, load_tokenizer, resolve_model
     path = resolve_model("tiny-3m")
     model, tok = load_model(path), load_tokenizer(path)
@@ -243,8 +243,8 @@ def test_the_update_passes_each_micro_batch_its_rows_of_the_weights():
     """update_policy(token_weight=w) slices w as it slices the batch: for the clipped surrogate it must move
     the model exactly as the advantage route ℓ(Â·w) does, over shuffled mini-batches and micro-batches."""
     from dapo import algo
-    from dapo.logprobs import old_logprobs
-    from dapo.update import Policy, update_policy
+    from dapo.train.logprobs import old_logprobs
+    from dapo.train.update import Policy, update_policy
     from tests.test_train import _cfg, _random_batch, _tiny_policy
     cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 2, "train.micro_batch_seqs": 4,
                   "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false"})

@@ -1,4 +1,4 @@
-"""Tests of dapo.data, dapo.prompts, dapo.readers and dapo.sampler: shipped files, loaders, templates, bad rows,
+"""Tests of dapo.data.datasets, dapo.data.prompts, dapo.data.readers and dapo.data.sampler: shipped files, loaders, templates, bad rows,
 registry, sampler, rendering."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dapo import data
-from dapo.data import DATASET_DIR, DATASETS, load_dataset, register
-from dapo.prompts import (
+from dapo.data import datasets as data
+from dapo.data.datasets import DATASET_DIR, DATASETS, load_dataset, register
+from dapo.data.prompts import (
     BOXED_TEMPLATE_SUFFIX,
     DAPO_TEMPLATE_PREFIX,
     DAPO_TEMPLATE_SUFFIX,
@@ -24,7 +24,7 @@ from dapo.prompts import (
     render_prompt,
     wrap_dapo,
 )
-from dapo.sampler import PromptSampler, batches
+from dapo.data.sampler import PromptSampler, batches
 
 SHIPPED = ("dapo-math-17k", "aime24", "aime25", "math500", "gsm8k")
 
@@ -362,18 +362,18 @@ def test_register_generated_dataset(monkeypatch):
 
 
 def test_missing_minitask_is_tolerated(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "dapo.minitask", None)  # import raises ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "dapo.data.minitask", None)  # import raises ModuleNotFoundError
     p = _write_jsonl(tmp_path / "a.jsonl", [{"prompt": "p", "answer": "a"}])
     assert load_dataset(str(p))[1].kept == 1
 
 
-@pytest.mark.parametrize("first", ["dapo.minitask", "dapo.data"])
+@pytest.mark.parametrize("first", ["dapo.data.minitask", "dapo.data.datasets"])
 def test_minitask_registers_without_an_import_cycle(first):
-    """dapo.data imports dapo.minitask (which imports nothing from dapo) and registers its splits."""
-    pytest.importorskip("dapo.minitask")
-    code = (f"import {first}\nimport dapo.data\n"
-            "ex, r = dapo.data.load_dataset('arith-eval')\n"
-            "print(sorted(dapo.data.DATASETS), r.kept)")
+    """dapo.data.datasets imports dapo.data.minitask (which imports nothing from dapo) and registers its splits."""
+    pytest.importorskip("dapo.data.minitask")
+    code = (f"import {first}\nimport dapo.data.datasets\n"
+            "ex, r = dapo.data.datasets.load_dataset('arith-eval')\n"
+            "print(sorted(dapo.data.datasets.DATASETS), r.kept)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "'arith-train'" in out.stdout and "'aime24'" in out.stdout
@@ -504,9 +504,9 @@ def test_drop_long_prompts_counts_tokens_of_the_rendered_prompt(tokenizers):
 
 def test_import_and_load_do_not_import_torch():
     code = (
-        "import sys, dapo.data\n"
+        "import sys, dapo.data.datasets\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'import'\n"
-        "dapo.data.load_dataset('aime24')\n"
+        "dapo.data.datasets.load_dataset('aime24')\n"
         "bad = [m for m in ('torch', 'transformers', 'vllm') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -526,7 +526,7 @@ def test_run_data_puts_eval_sets_in_the_training_template(tokenizers):
     """``data.template`` applies to the eval sets too: the policy is evaluated on prompts in the
     form it is trained on (and scored by the scorer that template implies)."""
     from dapo.config import load_config
-    from dapo.run_data import load_run_data
+    from dapo.data.run_data import load_run_data
     chat, _ = tokenizers
     cfg = load_config(Path(__file__).resolve().parents[1] / "experiments" / "tiny-random-smoke.yaml",
                       {"data.template": "boxed", "data.use_chat_template": "no", "data.max_prompt_tokens": 4096})

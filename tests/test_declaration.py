@@ -1,4 +1,4 @@
-"""Pre-registration as a record (dapo.declaration) and the report's sentence derived from it (analysis.declared)."""
+"""Pre-registration as a record (dapo.sweep.declaration) and the report's sentence derived from it (analysis.declared)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from analysis.declared import NO_RECORD, declaration_facts, declaration_sentence
-from dapo import launcher
-from dapo.cluster import load_profile
+from dapo.sweep import launcher
+from dapo.sweep.cluster import load_profile
 from dapo.config import ConfigError
-from dapo.declaration import declarations_dir, declare, read_declarations
-from dapo.sweep import main as sweep_main
-from dapo.sweep_spec import expand, load_spec
+from dapo.sweep.declaration import declarations_dir, declare, read_declarations
+from dapo.commands.sweep import main as sweep_main
+from dapo.sweep.spec import expand, load_spec
 from tests.test_sweep import error_of, write_spec
 
 T = datetime(2026, 12, 6, 7, 0, tzinfo=timezone.utc)

@@ -1,4 +1,4 @@
-"""``dapo diff`` (dapo/diff_cmd.py) and ``dapo export`` (dapo/export_cmd.py) on two real tiny runs.
+"""``dapo diff`` (dapo/commands/diff.py) and ``dapo export`` (dapo/commands/export.py) on two real tiny runs.
 
 The runs: tiny-random-smoke on the transformers engine, 2 rollout steps, evaluated before training and
 after each step, checkpoints after both; B differs from A in ``train.lr`` alone. Both are trained in
@@ -7,7 +7,7 @@ one subprocess (one interpreter start for the two).
 diff: the one differing key with both values; every number it shows is the number the run's MLflow
 store holds at that rollout step; bad inputs are one ``error:`` line, exit 2.
 export: the directory loads with ``AutoModelForCausalLM.from_pretrained`` and gives the logits of the
-checkpoint loaded the existing way (``dapo.checkpoint.load_checkpoint``), bit for bit; ``dapo eval DIR``
+checkpoint loaded the existing way (``dapo.train.checkpoint.load_checkpoint``), bit for bit; ``dapo eval DIR``
 on it repeats the run's own evaluation at that step sample for sample; a taken DIR, a leftover tmp
 dir, a failed write, a sharded checkpoint in one process: what the docs say.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from dapo.diff_cmd import main as diff_main
-from dapo.export_cmd import MARKER, main as export_main
+from dapo.commands.diff import main as diff_main
+from dapo.commands.export import MARKER, main as export_main
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["rollout.engine=hf", "rollout.n=2", "rollout.max_new_tokens=4", "train.batch_prompts=2",
@@ -192,9 +192,9 @@ def _logits(model, ids):
 
 
 def _checkpoint_model(run_dir: Path, step: int):
-    """The checkpoint loaded the existing way: the run's base model, then dapo.checkpoint.load_checkpoint."""
+    """The checkpoint loaded the existing way: the run's base model, then dapo.train.checkpoint.load_checkpoint."""
     from dapo.base_model import resolve_policy_path
-    from dapo.checkpoint import load_checkpoint
+    from dapo.train.checkpoint import load_checkpoint
     from dapo.models import load_model
     m = load_model(resolve_policy_path("tiny-3m"), dtype="float32")
     if step:
@@ -222,7 +222,7 @@ def test_the_exported_dir_loads_with_transformers_and_gives_the_checkpoints_logi
 def test_dapo_eval_of_the_exported_dir_repeats_the_runs_evaluation_at_that_step(runs, exported, tmp_path):
     """The run's eval settings and its seed for step 2: the samples the run recorded at step 2, one for one."""
     from dapo.eval_records import read_records, records_path
-    from dapo.evaluate import eval_seed
+    from dapo.train.evaluate import eval_seed
     p = _cli("eval", str(exported), "--config", str(runs["b"] / "config.yaml"), "--seed", str(eval_seed(0, 2)),
              "eval.temperature=1.0", "eval.top_p=1.0", "eval.k=2", "--to", str(tmp_path / "ev"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -242,7 +242,7 @@ def test_export_replaces_only_with_force_removes_a_leftover_and_leaves_nothing_h
     assert export_main([str(runs["a"]), "--step", "1", "--to", str(to)]) == 2
     assert "exists and is not empty; pass --force" in _one_error(capsys) and os.listdir(to) == ["notes.txt"]
     # a write that fails half-way: no DIR change, the tmp dir (marked) is left, and the next export removes it
-    from dapo import checkpoint
+    from dapo.train import checkpoint
     save = checkpoint.save_final_model
 
     def fail(model, sd, out, dtype="bfloat16"):

@@ -51,12 +51,12 @@ PROMPTS = ["1+2=", "Answer: 7\n", "what is 12 * 3?", "(3*4)-5=", "x", "9-4=", "7
 def _worker_sharded_engine(out: Path) -> None:
     """One 2-rank job: sharded load, global-norm clipping on a designed gradient, then an
     update and a streamed push into each rank's own vLLM engine, greedy outputs compared."""
-    from dapo.distributed import clip_grad_norm, destroy_distributed, full_tensor, init_distributed, \
+    from dapo.dist.distributed import clip_grad_norm, destroy_distributed, full_tensor, init_distributed, \
         load_sharded_causal_lm
     from dapo.engines import SamplingSpec, make_engine
     from dapo.engines.sharded import RankShardedEngine
     from dapo.models import build_char_tokenizer, build_tiny_qwen2, load_model
-    from dapo.weight_sync import weight_stream
+    from dapo.engines.weight_sync import weight_stream
 
     d = init_distributed(PG_TIMEOUT_S)
     torch.set_num_threads(1)
@@ -119,8 +119,8 @@ def _worker_sharded_engine(out: Path) -> None:
 
 
 def _sharded_checkpoint_roundtrip(path: Path, run_dir: Path, d) -> dict:
-    from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-    from dapo.distributed import full_tensor, load_sharded_causal_lm
+    from dapo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from dapo.dist.distributed import full_tensor, load_sharded_causal_lm
 
     ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(2))
 
@@ -158,7 +158,7 @@ def _worker_train_kill_rank1(argv: list[str]) -> None:
     """``dapo train ARGV`` in which rank 1 alone SIGKILLs itself after step ``DAPO_TEST_KILL_RANK1_AT``'s update."""
     if os.environ.get("RANK") == "1":
         os.environ["DAPO_FAULT_KILL_AT_STEP"] = os.environ["DAPO_TEST_KILL_RANK1_AT"]
-    from dapo.train import main
+    from dapo.train.loop import main
     sys.exit(main(argv))
 
 
@@ -192,7 +192,7 @@ class _FakeEngine:
 
 def _old_gather(local, world: int, tp: int, n: int) -> list:
     """The gather before issue 25: every rank's completions pickled to every rank, the first of each group kept."""
-    from dapo.distributed import all_gather_object, split_for_rank
+    from dapo.dist.distributed import all_gather_object, split_for_rank
     parts, out, groups = all_gather_object(local, world), [None] * n, world // tp
     for g in range(groups):
         for i, comps in zip(split_for_rank(n, g, groups), parts[g * tp]):
@@ -209,11 +209,11 @@ def _worker_rollout_gathers(out: Path) -> None:
 
     from torch.distributed.distributed_c10d import _set_pg_timeout
 
-    from dapo import rewards
-    from dapo.distributed import destroy_distributed, init_distributed, rollout_group, split_for_rank
+    from dapo.data import rewards
+    from dapo.dist.distributed import destroy_distributed, init_distributed, rollout_group, split_for_rank
     from dapo.engines import SamplingSpec
     from dapo.engines.sharded import RankShardedEngine
-    from dapo.rollout import collect_rollouts
+    from dapo.train.rollout import collect_rollouts
     from tests.test_train import ListSampler, _cfg, _examples
 
     d = init_distributed(PG_TIMEOUT_S, rollout_timeout_s=2 * PG_TIMEOUT_S)
@@ -257,7 +257,7 @@ def _base_model() -> str:
 
 # fp32 throughout (no bf16 autocast), so 1 and 2 processes differ only by summation order. A KL term
 # (a sharded π_ref), gradient checkpointing and a token budget per micro-batch are on: the ranks'
-# token-balanced shares split into different micro-batch counts, which dapo.logprobs.rank_micro_batches
+# token-balanced shares split into different micro-batch counts, which dapo.train.logprobs.rank_micro_batches
 # evens out by halving micro-batches (one-token filler passes: tests/test_train.py's skewed 2-process test).
 TRAIN = ["experiments/tiny-dapo.yaml", "train.rollout_steps=2", "train.batch_prompts=4", "train.mini_batch_prompts=2",
          "train.micro_batch_seqs=4", "train.max_tokens_per_micro_batch=70", "model.gradient_checkpointing=true",
@@ -503,7 +503,7 @@ def _no_cuda(monkeypatch, warning: str | None = None) -> None:
 
 
 def test_a_gpu_job_without_cuda_fails_at_once_naming_the_likely_causes(monkeypatch):
-    from dapo.distributed import CudaUnavailableError, init_distributed
+    from dapo.dist.distributed import CudaUnavailableError, init_distributed
     _no_cuda(monkeypatch, "CUDA initialization: The NVIDIA driver on your system is too old (found version 11040)")
     assert init_distributed(5).device.type == "cpu"            # nothing says GPUs: a CPU run, as before
     monkeypatch.setenv("SLURM_GPUS_ON_NODE", "8")               # Slurm gave this node GPUs
@@ -519,7 +519,8 @@ def test_a_gpu_job_without_cuda_fails_at_once_naming_the_likely_causes(monkeypat
 def test_the_launcher_tells_a_gpu_jobs_processes_to_expect_cuda(tmp_path, monkeypatch, capsys):
     """A job whose resources ask for GPUs exports DAPO_EXPECT_CUDA=1 to the processes it starts; a rank
     that then finds no CUDA is one `error:` line from `dapo train`, exit status 1."""
-    from dapo import distributed, launcher
+    from dapo.dist import distributed
+    from dapo.sweep import launcher
     _no_cuda(monkeypatch)
     assert launcher.EXPECT_CUDA_ENV == distributed.EXPECT_CUDA_ENV
     # the job sets DAPO_EXPECT_CUDA in its own process, here pytest's: taken back below, or every later
@@ -532,9 +533,10 @@ def test_the_launcher_tells_a_gpu_jobs_processes_to_expect_cuda(tmp_path, monkey
 
 
 def _launch_a_gpu_job_and_train_without_cuda(tmp_path, monkeypatch, capsys):
-    from dapo import distributed, launcher
+    from dapo.dist import distributed
+    from dapo.sweep import launcher
     from dapo.cli import train_main
-    from dapo.sweep import expand, load_profile, load_spec
+    from dapo.commands.sweep import expand, load_profile, load_spec
     for k, v in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4321", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
                  "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}.items():
         monkeypatch.setenv(k, v)
@@ -616,12 +618,12 @@ def test_completions_packed_as_int32_ids_come_back_equal():
 ])
 def test_cpu_threads_follow_train_threads_then_omp_then_affinity_per_local_rank(configured, omp, usable, local, threads):
     """Item 15: was os.cpu_count() on every rank (8 ranks × all cores, OMP_NUM_THREADS ignored)."""
-    from dapo.distributed import cpu_threads
+    from dapo.dist.distributed import cpu_threads
     assert cpu_threads(configured, omp, usable, local) == threads
 
 
 def test_set_cpu_threads_reads_affinity_and_local_world_size(monkeypatch):
-    from dapo.distributed import set_cpu_threads
+    from dapo.dist.distributed import set_cpu_threads
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)), raising=False)

@@ -17,7 +17,7 @@ import pytest
 from dapo.config import ConfigError
 from dapo.preflight import check_writable, lost_store
 from dapo.store_checks import write_problem
-from dapo.tracking import Tracker, TrackingError
+from dapo.tracking.tracker import Tracker, TrackingError
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PATH": "/usr/bin:/bin"}

@@ -1,4 +1,4 @@
-"""``dapo eval`` (dapo/eval_cmd.py) and its numbers (dapo/eval_metrics.py): the estimators against
+"""``dapo eval`` (dapo/commands/eval.py) and its numbers (dapo/algo/eval_metrics.py): the estimators against
 enumeration, the curves' invariants, bad inputs (one line, exit 2, nothing written), and a real
 tiny run's checkpoint evaluated again: the logged evaluation reproduced bit for bit, a killed
 evaluation resumed without counting a sample twice, and the MLflow eval run linked by tag."""
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from dapo import algo
-from dapo import eval_metrics as em
-from dapo.eval_cmd import main as eval_main
+from dapo.algo import eval_metrics as em
+from dapo.commands.eval import main as eval_main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -159,8 +159,8 @@ def test_eval_of_a_checkpoint_reproduces_the_logged_evaluation_and_resumes_after
     again = [json.loads(line) for line in (tmp_path / "e2" / "samples.jsonl").open()]
     assert len(again) == 2 * 8 * 2 == len({(r["set"], r["problem"], r["sample"]) for r in again})
     assert [r for r in again if r["set"] == "arith-eval"] == read_records(records_path(run, 2))
-    from dapo.rewards import get_scorer
-    from dapo.data import load_dataset
+    from dapo.data.rewards import get_scorer
+    from dapo.data.datasets import load_dataset
     answers = {f"arith-fresh:{e.index}": e.answer for e in load_dataset("arith-fresh", limit=8)[0]}
     assert all((get_scorer("dapo")(r["response"], answers[r["problem"]]) > 0) == r["correct"]
                for r in again if r["set"] == "arith-fresh")
@@ -179,7 +179,7 @@ def test_eval_of_a_checkpoint_reproduces_the_logged_evaluation_and_resumes_after
 
 def test_dapo_runs_samples_prints_the_latest_evaluation(tmp_path, capsys):
     from dapo.eval_records import make_record, records_path, write_records
-    from dapo.runs_list import main as runs_main
+    from dapo.commands.runs import main as runs_main
     for step in (0, 5):
         write_records(records_path(tmp_path, step), [
             make_record(set="arith-eval", problem=f"arith-eval:{p}", sample=j, seed=1, prompt_hash="0" * 16,
@@ -197,7 +197,7 @@ def test_protocol_values_and_the_users_overrides_compose_the_users_winning():
     """`dapo eval MODEL --protocol dapo eval.top_p=1.0` (README, issue 41): the protocol sets temperature 1.0,
     top_p 0.7 and k 32; the user's eval.top_p=1.0 replaces its top_p (it was refused as 'given twice'), the
     rest stays the protocol's, and the request records what is used."""
-    from dapo.eval_cmd import _settings, parser, resolve_target
+    from dapo.commands.eval import _settings, parser, resolve_target
     a = parser().parse_intermixed_args(["tiny-3m", "--sets", "arith-eval", "--protocol", "dapo", "eval.top_p=1.0"])
     cfg, req = _settings(a, resolve_target(a.target, a.step))
     assert (cfg.eval.top_p, cfg.eval.temperature, cfg.eval.k) == (1.0, 1.0, 32)

@@ -106,8 +106,8 @@ SCRIPT = {0: ["7", "7", "7", "3"], 1: ["3", "7", "3", "7"], 2: ["1", "2", None, 
 
 def _evaluate(rank: int = 0, world: int = 1):
     from dapo.config import load_config
-    from dapo.data import Example
-    from dapo.evaluate import evaluate
+    from dapo.data.datasets import Example
+    from dapo.train.evaluate import evaluate
     sets = {"main": [Example(prompt=f"q{i}", answer="7", source="arith-eval", index=i, scorer="dapo")
                      for i in range(5)],
             "dir/other": [Example(prompt="q5", answer="7", source="other.jsonl", index=0, scorer="dapo")]}
@@ -152,7 +152,7 @@ def _eval_worker(rank, world, port, out_path):
     import torch
     import torch.distributed as dist
 
-    from dapo import evaluate as ev
+    from dapo.train import evaluate as ev
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     judged, judge = [], ev._judge
@@ -197,7 +197,7 @@ def test_the_tracker_logs_the_file_and_a_table_once(tmp_path):
     """Logged again (a step re-evaluated after a resume), the file is replaced and the table kept,
     not appended to (MLflow's log_table appends): each sample is in MLflow once."""
     from mlflow.tracking import MlflowClient
-    from dapo.tracking import Tracker
+    from dapo.tracking.tracker import Tracker
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     tracker = Tracker(uri, "records", "r")
     recs = [_record(i, step=3, grad_step=6) for i in range(4)]

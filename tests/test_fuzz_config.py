@@ -1,5 +1,5 @@
 """Fuzzing the two files a user writes: experiment YAML (dapo.config) and sweep specs
-(dapo.sweep_spec). Whatever the file holds — a valid config with random mutations (wrong
+(dapo.sweep.spec). Whatever the file holds — a valid config with random mutations (wrong
 types, out-of-range or non-finite numbers, deleted / unknown / misspelt keys, junk in lists),
 broken YAML, or junk ``KEY=VALUE`` overrides — loading either succeeds or raises
 :class:`dapo.config.ConfigError` naming the file (and, for a wrong type or an unknown key,
@@ -209,7 +209,7 @@ def test_each_wrong_type_names_the_key_and_the_allowed_values(tmp_path):
         assert str(path) in str(err.value) and key in str(err.value) and words in str(err.value), str(err.value)
 
 
-# Gaps the fuzzing found in dapo/config.py and dapo/sweep_spec.py, fixed; kept as regressions.
+# Gaps the fuzzing found in dapo/config.py and dapo/sweep/spec.py, fixed; kept as regressions.
 def test_non_utf8_experiment_is_a_config_error(tmp_path):
     path = tmp_path / "latin1.yaml"
     path.write_bytes("name: caf\xe9\n".encode("latin-1"))
@@ -239,7 +239,7 @@ def test_non_finite_numbers_are_refused(tmp_path, key):
 
 # --------------------------------------------------------------------------- sweep specs
 def _spec_loader():
-    from dapo.sweep_spec import load_spec
+    from dapo.sweep.spec import load_spec
     return load_spec
 
 
@@ -269,7 +269,7 @@ def test_broken_sweep_spec_text_raises_only_config_error(tmpdir, text):
         assert str(path) in str(exc)
 
 
-# Regressions: the two crashes this fuzzing found in dapo/sweep_spec.py (keys mixing int and str).
+# Regressions: the two crashes this fuzzing found in dapo/sweep/spec.py (keys mixing int and str).
 def test_technique_with_mixed_type_keys_is_a_config_error(tmp_path):
     load_spec = _spec_loader()
     spec = yaml.safe_load((REPO / "sweeps" / "smoke-slurm.yaml").read_text())
@@ -435,7 +435,7 @@ def test_cli_sweep_expand_of_a_mutated_spec_is_ok_or_one_error_line(tmpdir, data
 def test_a_huge_yaml_file_and_a_huge_grid_are_refused_at_once(tmp_path):
     """Unbounded before: a 50 MB experiment took 105 s to parse, a 10 000-point grid minutes to expand."""
     from dapo.cli import main
-    from dapo.sweep_spec import MAX_SWEEP_JOBS
+    from dapo.sweep.spec import MAX_SWEEP_JOBS
     from dapo.yaml_io import MAX_YAML_BYTES
     big = tmp_path / "big.yaml"
     big.write_text("a:\n" + "  - x\n" * (MAX_YAML_BYTES // 6 + 10))

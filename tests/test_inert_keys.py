@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from dapo.config import inert_keys, load_config
-from dapo.sweep_spec import expand, inert_overrides
+from dapo.sweep.spec import expand, inert_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "experiments" / "tiny-dapo.yaml"

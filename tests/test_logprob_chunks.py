@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dapo import algo
-from dapo.logprobs import token_entropy, token_logprobs
+from dapo.train.logprobs import token_entropy, token_logprobs
 
 V = 70_000          # dapo.algo's default row chunk at this vocabulary: max(16, 2**22 // V) = 59 rows
 
@@ -45,8 +45,9 @@ def test_a_position_chunk_is_computed_whole_once_forward_and_once_recomputed(mon
     inner chunks each)."""
     base, tgt, w = _inputs(n=4)
     calls = []
-    rows = algo._logprob_rows
-    monkeypatch.setattr(algo, "_logprob_rows", lambda z, ids: calls.append(z.shape[0]) or rows(z, ids))
+    from dapo.algo import entropy
+    rows = entropy._logprob_rows
+    monkeypatch.setattr(entropy, "_logprob_rows", lambda z, ids: calls.append(z.shape[0]) or rows(z, ids))
     x = base.clone().requires_grad_(True)
     (token_logprobs(x[:, :40], tgt, 1.0, 80) * w).sum().backward()
     assert calls == [80] * 4
@@ -80,9 +81,9 @@ def _worker_old_logprobs(out: str) -> None:
     collectives forbidden, beside the one-process result of the same model and batch."""
     import torch.distributed as dist
 
-    from dapo.distributed import destroy_distributed, init_distributed
-    from dapo.logprobs import old_logprobs
-    from dapo.update import old_policy_metrics
+    from dapo.dist.distributed import destroy_distributed, init_distributed
+    from dapo.train.logprobs import old_logprobs
+    from dapo.train.update import old_policy_metrics
     from tests.test_train import _cfg, _random_batch, _tiny_policy
     d = init_distributed(60)
     torch.set_num_threads(1)
@@ -117,7 +118,7 @@ def test_old_logprobs_on_two_ranks_gather_tensors_and_the_entropy_only_where_nee
                         "127.0.0.1", "--master_port", str(port), "-m", "tests.test_logprob_chunks", str(out)],
                        cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
-    from dapo.update import old_policy_metrics
+    from dapo.train.update import old_policy_metrics
     r0, r1 = (torch.load(f"{out}.rank{r}", weights_only=False) for r in (0, 1))
     logp, ent, mask = r0["ref"]
     # the one-process pass batches the rows otherwise (other padding), so it agrees to float32 rounding;

@@ -1,4 +1,4 @@
-"""The arithmetic mini task (dapo.minitask) and its base-model builder (dapo.base_model)."""
+"""The arithmetic mini task (dapo.data.minitask) and its base-model builder (dapo.base_model)."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from dapo import minitask
-from dapo.minitask import (
+from dapo.data import minitask
+from dapo.data.minitask import (
     eval_problems,
     eval_prompts,
     evaluate_left_to_right,
@@ -16,7 +16,7 @@ from dapo.minitask import (
     make_problem,
     make_split,
 )
-from dapo.rewards import dapo_score
+from dapo.data.rewards import dapo_score
 
 PROMPT_RE = re.compile(r"^\d+([-+*]\d+)+=$")
 
@@ -124,7 +124,7 @@ def test_only_character_vocabulary():
 
 
 def test_registered_datasets():
-    from dapo.data import dataset_names, load_dataset
+    from dapo.data.datasets import dataset_names, load_dataset
 
     assert {"arith-train", "arith-eval"} <= set(dataset_names())
     ev, rep = load_dataset("arith-eval")
@@ -323,7 +323,7 @@ def test_fresh_split_is_unseen_balanced_and_pinned():
     import json
 
     from dapo.base_model import NAMED_RECIPES, Recipe
-    from dapo.data import load_dataset
+    from dapo.data.datasets import load_dataset
 
     fresh = minitask.fresh_problems()
     prompts = [p["prompt"] for p in fresh]

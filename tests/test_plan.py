@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dapo import plan
-from dapo.cluster import load_profile
+from dapo.sweep import plan
+from dapo.sweep.cluster import load_profile
 from dapo.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_import_plan_does_not_import_torch():
-    code = "import dapo.plan, sys; assert 'torch' not in sys.modules and 'vllm' not in sys.modules"
+    code = "import dapo.sweep.plan, sys; assert 'torch' not in sys.modules and 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
@@ -209,7 +209,7 @@ resources: {{nodes: 16, gpus_per_node: 8, cpus_per_task: 96, mem_gb: 1000, time_
 
 
 def test_sweep_submit_refuses_an_arm_that_does_not_fit(tmp_path, capsys):
-    from dapo import sweep
+    from dapo.commands import sweep
     spec = _spec(tmp_path, "train.max_tokens_per_micro_batch: 90112")
     rc = sweep.main(["submit", str(spec), "--cluster", "example-gpu-cluster", "--dry-run", "--output", str(tmp_path / "out")])
     err = capsys.readouterr().err
@@ -222,7 +222,7 @@ def test_sweep_submit_refuses_an_arm_that_does_not_fit(tmp_path, capsys):
 
 
 def test_sweep_check_skips_cpu_profiles_and_profiles_without_gpu_memory(tmp_path):
-    from dapo.sweep_spec import load_spec
+    from dapo.sweep.spec import load_spec
     spec = load_spec(_spec(tmp_path, "train.max_tokens_per_micro_batch: 90112"))
     prof = tmp_path / "nomem.yaml"
     text = (REPO / "slurm" / "example-gpu-cluster.yaml").read_text()
@@ -388,7 +388,8 @@ def test_max_num_seqs_reaches_vllm_and_the_plan_says_where_the_kv_cache_ends(mon
     that, no note. It goes to vllm.LLM through make_rollout_engine, changes no run id, and 0 is refused."""
     import torch
 
-    from dapo import engines, rollout
+    from dapo import engines
+    from dapo.train import rollout
     from dapo.config import config_hash
     p = _run(str(EXP32), "--cluster", "example-gpu-cluster")
     assert "= 28.0 full-length sequences per engine" in p.stdout

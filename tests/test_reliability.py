@@ -29,11 +29,11 @@ import pytest
 import torch
 
 from dapo import faults
-from dapo.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from dapo.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from dapo.config import load_config
-from dapo.rollout import DynamicSamplingExhausted
-from dapo.train import train
-from dapo.update import NonFiniteError
+from dapo.train.rollout import DynamicSamplingExhausted
+from dapo.train.loop import train
+from dapo.train.update import NonFiniteError
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -105,7 +105,7 @@ def _no_stray_faults(monkeypatch):
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
     """One sqlite MLflow store for the module (each run is its own MLflow run in it)."""
-    from dapo.tracking import Tracker
+    from dapo.tracking.tracker import Tracker
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlruns.db'}"
     Tracker(uri, "dapo-lab", "warm-up")   # create the store once (schema migration ~5 s)
     return uri
@@ -407,11 +407,11 @@ def test_bad_rows_are_counted_reported_and_dropped(store, tmp_path, capsys):
     assert summary["rollout_steps"] == 1
     from mlflow.tracking import MlflowClient
     tags = MlflowClient(tracking_uri=store).get_run(summary["mlflow_run_id"]).data.tags
-    assert "4/10 rows kept" in tags["dapo.data.train"] and tags["dapo.data.too_long_prompts"] == "1"
+    assert "4/10 rows kept" in tags["dapo.data.datasets.train"] and tags["dapo.data.datasets.too_long_prompts"] == "1"
 
 
 def test_bad_rows_with_on_bad_fail_stop_naming_the_row(store, tmp_path):
-    from dapo.data import DataError
+    from dapo.data.datasets import DataError
     data = _bad_jsonl(tmp_path / "bad.jsonl")
     with pytest.raises(DataError, match=re.escape(f"{data}: row 2: missing answer")):
         train(_cfg(store, tmp_path, **BAD_DATA_RUN, **{"data.train": str(data), "data.on_bad": "fail"}),
@@ -428,7 +428,7 @@ def test_bad_rows_with_on_bad_fail_stop_naming_the_row(store, tmp_path):
 # =========================================================================== 4: six jobs, one store
 WRITER = textwrap.dedent("""
     import sys
-    from dapo.tracking import Tracker
+    from dapo.tracking.tracker import Tracker
     uri, name, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     t = Tracker(uri, "six-jobs", name)
     t.set_tags({"dapo.run_id": name})
@@ -494,7 +494,7 @@ def _listening_addresses(pids: list[int]) -> list[str]:
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 def test_six_processes_log_through_the_local_mlflow_server_which_listens_on_loopback_only(tmp_path):
-    from dapo.mlflow_server import start_server
+    from dapo.tracking.mlflow_server import start_server
     with start_server(tmp_path / "server") as srv:
         addrs = _listening_addresses(srv.pids())
         assert addrs and all(a.split(":")[0] in ("0100007F", "0000000000000000FFFF00000100007F") for a in addrs), addrs
@@ -505,7 +505,7 @@ def test_six_processes_log_through_the_local_mlflow_server_which_listens_on_loop
 
 
 def test_transient_store_errors_are_retried_then_reported_with_the_store(monkeypatch):
-    from dapo.tracking import TrackingError, call_with_retry
+    from dapo.tracking.tracker import TrackingError, call_with_retry
     monkeypatch.setattr(time, "sleep", lambda s: None)
     calls = []
 
@@ -525,7 +525,7 @@ def test_transient_store_errors_are_retried_then_reported_with_the_store(monkeyp
 # =========================================================================== security
 # (call name, file) pairs that were reviewed; everything else that matches fails the test.
 VETTED = {
-    ("pickle_load", "dapo/launcher.py"): "submitit's result pickle of our own job, in our own sweep folder",
+    ("pickle_load", "dapo/sweep/launcher.py"): "submitit's result pickle of our own job, in our own sweep folder",
 }
 DANGEROUS_CALLS = {"eval", "exec", "compile", "__import__", "system", "popen", "loads", "load", "pickle_load",
                    "unsafe_load", "full_load", "load_all", "Unpickler"}
@@ -595,9 +595,9 @@ def test_a_crash_ends_the_mlflow_run_with_the_reason(tmp_path, monkeypatch, exc,
 
     from mlflow.tracking import MlflowClient
 
-    import dapo.train as T
+    import dapo.train.loop as T
     from dapo.config import load_config
-    from dapo.tracking import Tracker
+    from dapo.tracking.tracker import Tracker
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     run_dir = tmp_path / "run"
     run_dir.mkdir()

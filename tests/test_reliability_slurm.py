@@ -59,8 +59,8 @@ def _spec(folder: Path, name: str, max_requeues: int) -> Path:
 
 class Job:
     def __init__(self, root: Path, name: str, max_requeues: int, pauses: list[str], cluster, uri: str):
-        from dapo import launcher
-        from dapo.sweep import expand, load_profile, load_spec
+        from dapo.sweep import launcher
+        from dapo.commands.sweep import expand, load_profile, load_spec
         self.out = root / name
         self.markers = root / f"{name}-markers"
         self.pauses = pauses
@@ -96,7 +96,7 @@ class Job:
         submitit.SlurmJob(folder=self.rec["folder"], job_id=self.entry["job_id"])._interrupt()
 
     def row(self):
-        from dapo import launcher
+        from dapo.sweep import launcher
         [row] = launcher.status(self.spec, self.out, jobs=[self.job])
         return row
 
@@ -116,7 +116,7 @@ def jobs(slurm_cluster, tmp_path_factory):  # noqa: F811 - the fixture imported 
                 j.preempt_at(j.pauses[i])
         yield {"uri": uri, "root": root, "twice": made[0], "limit": made[1]}
     finally:
-        from dapo import launcher
+        from dapo.sweep import launcher
         for j in made:
             try:
                 launcher.cancel(j.spec, j.out, log=lambda *_: None)
@@ -138,7 +138,7 @@ def _history(uri: str, run_id: str) -> dict:
 
 
 def test_preempted_in_a_rollout_and_in_an_update_resumes_and_matches_an_uninterrupted_run(jobs, tmp_path):
-    from dapo.train import train
+    from dapo.train.loop import train
     J = jobs["twice"]
     row = J.wait("the job to finish", lambda: (lambda r: r if r["state"] in ("done", "failed") else None)(J.row()))
     log = J.log_path().read_text()
@@ -159,9 +159,9 @@ def test_preempted_in_a_rollout_and_in_an_update_resumes_and_matches_an_uninterr
 
 
 def test_one_preemption_too_many_fails_clearly_and_keeps_the_checkpoint(jobs):
-    from dapo.checkpoint import latest_checkpoint, load_checkpoint
+    from dapo.train.checkpoint import latest_checkpoint, load_checkpoint
     from dapo.models import load_model
-    from dapo.train import resolve_policy_path
+    from dapo.train.loop import resolve_policy_path
     J = jobs["limit"]
     row = J.wait("the job to fail", lambda: (lambda r: r if r["state"] in ("done", "failed") else None)(J.row()))
     log = J.log_path().read_text()

@@ -1,4 +1,4 @@
-"""dapo.rewards: the DAPO (Minerva) scorer and the math-verify scorer."""
+"""dapo.data.rewards: the DAPO (Minerva) scorer and the math-verify scorer."""
 
 import subprocess
 import sys
@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from dapo import rewards
-from dapo.rewards import dapo_score, dapo_score_detail, extract_answer, math_verify_score
+from dapo.data import rewards
+from dapo.data.rewards import dapo_score, dapo_score_detail, extract_answer, math_verify_score
 
 MB = 1 << 20
 
@@ -180,7 +180,7 @@ def test_scorer_registry():
 
 def test_import_does_not_pull_torch_or_math_verify():
     code = (
-        "import sys, dapo.rewards as r; r.dapo_score('Answer: 1', '1'); "
+        "import sys, dapo.data.rewards as r; r.dapo_score('Answer: 1', '1'); "
         "bad = {'torch', 'math_verify', 'sympy'} & set(sys.modules); assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

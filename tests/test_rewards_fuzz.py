@@ -1,4 +1,4 @@
-"""Fuzzing dapo.rewards: whatever the text (arbitrary unicode, ~1 MB strings, deeply nested
+"""Fuzzing dapo.data.rewards: whatever the text (arbitrary unicode, ~1 MB strings, deeply nested
 braces, thousands of "Answer:" lines), scorers return exactly +1.0 or -1.0, quickly, and the
 linear-time Minerva normalization agrees with verl's regexes."""
 
@@ -7,7 +7,7 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dapo import rewards
+from dapo.data import rewards
 
 FUZZ = settings(max_examples=100, deadline=1000, database=None, suppress_health_check=[HealthCheck.too_slow])
 MB = 1 << 20

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from dapo.runs_list import main, run_row, table_rows
+from dapo.commands.runs import main, run_row, table_rows
 
 
 def _run(root: Path, name: str, *, threads, wall=None, summary_extra=None) -> Path:

@@ -233,7 +233,7 @@ def test_who_holds_a_run_dir_is_asked_without_taking_the_lock(tmp_path):
     """`dapo runs` says running (run.lock held by a live process) or stopped (nobody holds it); asking
     takes nothing, so the holder keeps it and, once the holder is gone, a run starts at once."""
     from dapo.run_dir import hold_run_dir, run_dir_holder
-    from dapo.runs_list import run_row
+    from dapo.commands.runs import run_row
     d = tmp_path / "run"
     assert run_dir_holder(d) is None                   # no lock file yet
     holder = _holder(d)
@@ -254,7 +254,7 @@ def test_who_holds_a_run_dir_is_asked_without_taking_the_lock(tmp_path):
 
 # =========================================================================== 5. two submissions, one fresh store
 def _jobs(tmp_path: Path):
-    from dapo.sweep_spec import expand, load_spec
+    from dapo.sweep.spec import expand, load_spec
     return expand(load_spec(write_yaml(tmp_path / "s.yaml", spec_dict())), tmp_path / "out")
 
 
@@ -266,8 +266,8 @@ def test_submit_opens_a_fresh_store_only_under_the_lock_the_trainer_takes(tmp_pa
 
     import mlflow.tracking
 
-    from dapo.cluster import load_profile
-    from dapo.launcher import _init_tracking
+    from dapo.sweep.cluster import load_profile
+    from dapo.sweep.launcher import _init_tracking
     lock = (tmp_path / "out").resolve() / "mlruns.db.lock"
     held: list[bool] = []
 
@@ -293,9 +293,9 @@ def test_submit_opens_a_fresh_store_only_under_the_lock_the_trainer_takes(tmp_pa
 
 
 def test_submit_waits_for_a_store_being_created_then_creates_its_experiment(tmp_path):
-    from dapo.cluster import load_profile
-    from dapo.launcher import _init_tracking
-    from dapo.tracking import store_lock
+    from dapo.sweep.cluster import load_profile
+    from dapo.sweep.launcher import _init_tracking
+    from dapo.tracking.tracker import store_lock
     jobs = _jobs(tmp_path)
     uri = f"sqlite:///{(tmp_path / 'out').resolve() / 'mlruns.db'}"
     errors: list[BaseException] = []
@@ -569,8 +569,8 @@ def test_base_flag_error_in_a_process_imports_no_torch(tmp_path):
 @pytest.mark.parametrize("case", ["missing spec", "bad yaml", "output file", "results file"])
 def test_demo_flags_are_one_error_line(tmp_path, capsys, monkeypatch, case):
     import dapo.base_model
-    import dapo.launcher
-    monkeypatch.setattr(dapo.launcher, "submit", _must_not_run)
+    import dapo.sweep.launcher
+    monkeypatch.setattr(dapo.sweep.launcher, "submit", _must_not_run)
     monkeypatch.setattr(dapo.base_model, "build_base_model", _must_not_run)
     (tmp_path / "f").write_text("x")
     (tmp_path / "s.yaml").write_text("name: s\nbase: [\n")
@@ -626,7 +626,7 @@ def test_no_kept_group_gives_zero_advantages_without_a_torch_warning():
 
 
 def test_a_new_store_is_created_without_mlflow_info_lines(tmp_path):
-    code = ("import sys; from dapo.tracking import Tracker; "
+    code = ("import sys; from dapo.tracking.tracker import Tracker; "
             "Tracker(sys.argv[1], 'e', 'r').finish()")
     r = subprocess.run([sys.executable, "-c", code, f"sqlite:///{tmp_path / 'mlruns.db'}"], cwd=REPO, capture_output=True,
                        text=True, timeout=180, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -638,7 +638,7 @@ def test_the_demo_ends_with_a_short_table_and_what_one_seed_can_show():
     """`make demo` ended with a raw 26-column DataFrame (NaN in most of it)."""
     import pandas as pd
 
-    from dapo.demo import final_table
+    from dapo.commands.demo import final_table
     df = pd.DataFrame({"arm": ["grpo", "dapo"], "label": ["naive GRPO", "DAPO"], "ours": [19.76, 26.4],
                        "ci_lo": [19.76, 26.4], "d_prev": [float("nan"), 6.64], "wall_min": [4.04, 4.1],
                        "n_seeds": [1, 1], "p_holm": [float("nan"), 1.0]})
@@ -666,7 +666,7 @@ def test_the_demo_ends_with_a_short_table_and_what_one_seed_can_show():
     (["launch.num_processes=0"], "launch.num_processes = 0: must be >= 1"),
 ])
 def test_plan_flags_and_layouts_out_of_range_are_one_error_line(capsys, args, words):
-    from dapo import plan
+    from dapo.sweep import plan
     rc = plan.main([str(REPO / "experiments" / "paper-dapo-32b.yaml"), *args, "--cluster", "example-gpu-cluster"])
     cap = capsys.readouterr()
     assert rc == 2 and cap.out == "" and cap.err.count("\n") == 1 and words in cap.err, cap.err

@@ -48,7 +48,7 @@ def _fsdp_units(model: torch.nn.Module) -> list[str]:
 
 def _gathered_bytes(stream_fn) -> tuple[dict[str, torch.Tensor], list[int]]:
     """Run ``stream_fn()`` (-> name, tensor pairs) counting the bytes of every tensor ``full_tensor`` gathers."""
-    import dapo.weight_sync as ws
+    import dapo.engines.weight_sync as ws
     real, sizes = ws.full_tensor, []
 
     def counting(t):
@@ -63,10 +63,10 @@ def _gathered_bytes(stream_fn) -> tuple[dict[str, torch.Tensor], list[int]]:
 
 
 def _worker(out: Path) -> None:
-    from dapo.distributed import destroy_distributed, full_tensor, init_distributed, load_sharded_causal_lm
+    from dapo.dist.distributed import destroy_distributed, full_tensor, init_distributed, load_sharded_causal_lm
     from dapo.models import build_tiny_qwen2, load_model
-    import dapo.weight_sync as ws
-    from dapo.weight_sync import weight_stream
+    import dapo.engines.weight_sync as ws
+    from dapo.engines.weight_sync import weight_stream
 
     d = init_distributed(PG_TIMEOUT_S)
     torch.set_num_threads(1)
@@ -114,7 +114,7 @@ def test_the_run_asks_for_a_dummy_load_and_its_eager_setting(monkeypatch):
     pushes the trainer's weights before generating, so the vLLM engine need not read the checkpoint."""
     import dapo.engines as engines
     from dapo.config import config_hash, load_config
-    from dapo.rollout import make_rollout_engine
+    from dapo.train.rollout import make_rollout_engine
     seen = {}
     monkeypatch.setattr(engines, "make_engine", lambda kind, path, **kw: seen.update(kw, kind=kind) or object())
     cfg = load_config(REPO / "experiments" / "tiny-dapo.yaml", ["rollout.engine=vllm"])
@@ -130,7 +130,7 @@ def test_a_dummy_loaded_vllm_engine_after_the_first_push_equals_a_normal_load(tm
     pytest.importorskip("vllm")
     from dapo.engines import SamplingSpec, make_engine
     from dapo.models import build_char_tokenizer, build_tiny_qwen2, load_model
-    from dapo.weight_sync import weight_stream
+    from dapo.engines.weight_sync import weight_stream
     path = build_tiny_qwen2(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, seed=3)
     tok = build_char_tokenizer()
     prompts = [tok(t)["input_ids"] for t in ("1+2=", "what is 12 * 3?", "x")]
@@ -201,7 +201,7 @@ def test_each_rank_writes_its_own_engine_log(tmp_path, monkeypatch):
 # =========================================================================== item 16: checkpoints
 def test_final_model_in_bf16_by_default_loads_as_bf16_at_half_the_size(tmp_path):
     from safetensors import safe_open
-    from dapo.checkpoint import save_final_model
+    from dapo.train.checkpoint import save_final_model
     from dapo.config import CheckpointConfig
     from dapo.models import build_tiny_qwen2, load_model
     path = build_tiny_qwen2(tmp_path / "m", hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, seed=0)
@@ -233,10 +233,10 @@ def test_usr2_mid_step_checkpoints_at_the_step_boundary_then_hands_the_signal_on
     """USR2 during step 2's update: the loop finishes step 2, checkpoints it (checkpoint.every = 0 would
     checkpoint only at the end) and only then runs the signal's previous handler (submitit's requeue);
     with no Python handler before (plain SIG_DFL), it exits with PREEMPTED_EXIT after the checkpoint."""
-    import dapo.train as train_mod
+    import dapo.train.loop as train_mod
     from dapo.config import load_config
-    from dapo.preemption import PREEMPTED_EXIT
-    from dapo.tracking import Tracker
+    from dapo.dist.preemption import PREEMPTED_EXIT
+    from dapo.tracking.tracker import Tracker
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     Tracker(uri, "dapo-lab", "warm-up")
     cfg = load_config(REPO / "experiments" / "tiny-random-smoke.yaml",
@@ -277,7 +277,7 @@ def test_usr2_mid_step_checkpoints_at_the_step_boundary_then_hands_the_signal_on
 
 _RANK = """
 import pathlib, sys, time
-from dapo.preemption import StepBoundarySignal
+from dapo.dist.preemption import StepBoundarySignal
 out, sig = pathlib.Path(sys.argv[1]), StepBoundarySignal().install()
 try:
     for r in range(1, 400):
@@ -298,8 +298,8 @@ def test_a_multi_process_job_passes_usr2_to_its_ranks_and_waits_for_their_checkp
     ignores it) gets it, finishes its step, checkpoints, exits 75,
     and only then does the requeue go ahead (here: well before the 90 s the profile's delay would allow)."""
     import time
-    from dapo import launcher
-    from dapo.preemption import PREEMPTED_EXIT
+    from dapo.sweep import launcher
+    from dapo.dist.preemption import PREEMPTED_EXIT
     job = launcher.RunJob({"checkpoint": {"on_preempt": "step_boundary"}}, str(tmp_path), max_requeues=1,
                           signal_delay_s=120)
     job._proc = subprocess.Popen([sys.executable, "-c", _RANK, str(tmp_path)], start_new_session=True,

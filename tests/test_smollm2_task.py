@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from dapo.config import load_config
-from dapo.data import ARITH1_SHOTS, load_dataset
-from dapo.minitask import evaluate_left_to_right, eval_prompts
-from dapo.prompts import render_prompt
-from dapo.sweep_spec import expand, load_spec
+from dapo.data.datasets import ARITH1_SHOTS, load_dataset
+from dapo.data.minitask import evaluate_left_to_right, eval_prompts
+from dapo.data.prompts import render_prompt
+from dapo.sweep.spec import expand, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""train.staleness (dapo/staleness.py): which weights sample which step, the kept versions, the
+"""train.staleness (dapo/train/staleness.py): which weights sample which step, the kept versions, the
 checkpoint round trip, the config rules, and a real run: the lag logged, the rollouts changed from
 step 2 on, and a kill + resume that reproduces the straight run exactly."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dapo.staleness import LaggedWeights, lagged_version
+from dapo.train.staleness import LaggedWeights, lagged_version
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -106,8 +106,8 @@ def test_split_mismatch_parts_add_up_in_log_ratio():
     of its own log-ratio, so kl(lag) + kl(kernel) = kl(whole) exactly (hand tensors)."""
     import torch
 
-    from dapo.corrections import mismatch_metrics
-    from dapo.staleness import split_mismatch
+    from dapo.algo.corrections import mismatch_metrics
+    from dapo.train.staleness import split_mismatch
     old = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, 0.0]])
     lag = torch.tensor([[-1.2, -1.9, -0.7], [-0.3, -2.5, 0.0]])
     roll = torch.tensor([[-1.25, -1.85, -0.7], [-0.3, -2.45, 0.0]])
@@ -126,7 +126,7 @@ def test_per_rank_lagged_weights_are_read_back_only_by_as_many_ranks(tmp_path):
     import torch
     import torch.distributed as dist
 
-    from dapo.checkpoint import SHARDS, CheckpointError, load_extra
+    from dapo.train.checkpoint import SHARDS, CheckpointError, load_extra
     ckpt = tmp_path / "step_000001"
     (ckpt / SHARDS).mkdir(parents=True)
     ring = {"lagged": {"versions": torch.tensor([0]), "weights": [{"w": torch.ones(2)}]}}

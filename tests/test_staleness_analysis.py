@@ -66,7 +66,7 @@ def _spec(tmp_path, extra: str) -> Path:
 
 def test_a_spec_declares_its_family_and_bad_families_are_one_error_naming_the_key(tmp_path):
     from dapo.config import ConfigError
-    from dapo.sweep_spec import load_spec, sweep_info
+    from dapo.sweep.spec import load_spec, sweep_info
     info = sweep_info(load_spec(_spec(tmp_path, "family: [[grpo, dapo], [grpo_s2, dapo_s2]]\n")))
     assert info["family"] == [["grpo", "dapo"], ["grpo_s2", "dapo_s2"]]
     assert SweepInfo.from_dict(info).family == (("grpo", "dapo"), ("grpo_s2", "dapo_s2"))

@@ -61,7 +61,7 @@ def test_every_new_key_is_listed_with_its_default():
 
 @pytest.mark.parametrize("name", sorted(SWEEP_RUN_IDS))
 def test_sweep_run_ids_are_unchanged(name, tmp_path):
-    from dapo.sweep_spec import expand
+    from dapo.sweep.spec import expand
     ids = ",".join(j.run_id for j in expand(REPO / "sweeps" / f"{name}.yaml", tmp_path))
     assert hashlib.sha256(ids.encode()).hexdigest()[:12] == SWEEP_RUN_IDS[name]
 
@@ -545,7 +545,7 @@ def test_mask_scales_the_step_loss_by_the_counts_it_removes(agg, scale):
 
 
 def _group_kw(agg, mask, groups):
-    """group_token_mean's counts (T_g per row, K) of a whole step, as dapo.update passes them."""
+    """group_token_mean's counts (T_g per row, K) of a whole step, as dapo.train.update passes them."""
     if agg != "group_token_mean":
         return {}
     per_group = torch.zeros(int(groups.max()) + 1, dtype=mask.dtype).index_add_(0, groups, mask.sum(-1))
@@ -554,7 +554,7 @@ def _group_kw(agg, mask, groups):
 
 def _collect(mode, answers, B, **ov):
     """collect_rollouts over scripted groups with dynamic sampling ``mode`` (tests/test_train's fakes)."""
-    from dapo.rollout import collect_rollouts
+    from dapo.train.rollout import collect_rollouts
     from tests.test_train import ListSampler, ScriptedEngine, _cfg, _examples
     ex = _examples(len(answers))
     tokens = {(e.source, e.index): [e.index] for e in ex}
@@ -612,10 +612,10 @@ def test_mode_and_band_are_validated():
 
 
 def test_mask_mode_update_is_the_unmasked_update_scaled(tmp_path):
-    """Through dapo.update: masking the Â = 0 groups leaves the gradient's direction and multiplies the
+    """Through dapo.train.update: masking the Â = 0 groups leaves the gradient's direction and multiplies the
     step loss by T_all / T_kept (plain SGD, one step, so the parameter change scales the same way)."""
-    from dapo.logprobs import old_logprobs
-    from dapo.update import Policy, update_policy
+    from dapo.train.logprobs import old_logprobs
+    from dapo.train.update import Policy, update_policy
     from tests.test_train import _cfg, _random_batch, _tiny_policy
     cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 4,
                   "train.micro_batch_seqs": 4, "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false",
@@ -651,7 +651,7 @@ def _draw(sampler, k):
 
 
 def test_drop_solved_leaves_the_epoch_alone_and_the_next_epochs_pool_without_the_solved():
-    from dapo.sampler import PromptSampler
+    from dapo.data.sampler import PromptSampler
     ex = _pool(6)
     plain, dropping = PromptSampler(ex, 2, seed=3), PromptSampler(ex, 2, seed=3, drop_solved=True)
     first = _draw(dropping, 1)[0]
@@ -677,8 +677,8 @@ def test_drop_solved_leaves_the_epoch_alone_and_the_next_epochs_pool_without_the
 def test_drop_solved_resumes_exactly_from_a_checkpoint(tmp_path):
     """Mid-epoch, with prompts solved in this epoch and before it: a sampler restored from a real
     checkpoint's state.json draws exactly what the uninterrupted one draws, across the next epochs."""
-    from dapo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-    from dapo.sampler import PromptSampler
+    from dapo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from dapo.data.sampler import PromptSampler
     ex = _pool(8)
     s = PromptSampler(ex, 2, seed=5, drop_solved=True)
     for k in range(6):                                         # epoch 0 (4 batches) and 2 batches of epoch 1
@@ -697,7 +697,7 @@ def test_drop_solved_resumes_exactly_from_a_checkpoint(tmp_path):
 
 
 def test_drop_solved_refuses_a_pool_smaller_than_a_batch():
-    from dapo.sampler import PromptSampler
+    from dapo.data.sampler import PromptSampler
     ex = _pool(4)
     s = PromptSampler(ex, 2, seed=0, drop_solved=True)
     drawn = [i for b in _draw(s, 2) for i in b]
@@ -708,8 +708,8 @@ def test_drop_solved_refuses_a_pool_smaller_than_a_batch():
 
 
 def test_collect_rollouts_marks_all_correct_prompts_solved():
-    from dapo.rollout import collect_rollouts
-    from dapo.sampler import PromptSampler
+    from dapo.train.rollout import collect_rollouts
+    from dapo.data.sampler import PromptSampler
     from tests.test_train import ScriptedEngine, _cfg
     ex = _pool(4)
     tokens = {(e.source, e.index): [e.index] for e in ex}
@@ -745,7 +745,7 @@ def successors_sweep(tmp_path_factory):
     import pandas as pd
 
     from analysis.runs import SweepInfo, normalize_tidy
-    from dapo.sweep_spec import expand, sweep_info
+    from dapo.sweep.spec import expand, sweep_info
     path = REPO / "sweeps" / "successors-mini.yaml"
     jobs = expand(path, tmp_path_factory.mktemp("successors"))
     rows = [dict(run=j.run_id, run_id=j.run_id, sweep="successors-mini", arm=j.arm, seed=j.seed, rollout_step=0,

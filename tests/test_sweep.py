@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from dapo.config import ConfigError, config_hash
-from dapo.sweep import expand, load_profile, load_spec, main as sweep_main, sweep_info
-from dapo.cluster import check_resources
-from dapo.sweep_spec import arms
+from dapo.commands.sweep import expand, load_profile, load_spec, main as sweep_main, sweep_info
+from dapo.sweep.cluster import check_resources
+from dapo.sweep.spec import arms
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -54,7 +54,7 @@ def error_of(path: Path) -> str:
 
 # =========================================================================== shipped specs
 def test_import_sweep_needs_neither_torch_nor_submitit():
-    code = ("import dapo.sweep, sys; dapo.sweep.expand('sweeps/table1.yaml'); "
+    code = ("import dapo.commands.sweep, sys; dapo.commands.sweep.expand('sweeps/table1.yaml'); "
             "assert 'torch' not in sys.modules and 'submitit' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
@@ -154,7 +154,7 @@ def test_expansion_counts_and_grid_product(tmp_path: Path, monkeypatch):
 
 
 def test_finished_run_is_reused_not_rerun(tmp_path: Path):
-    from dapo import launcher
+    from dapo.sweep import launcher
     spec = load_spec(write_spec(tmp_path))
     jobs = expand(spec, tmp_path / "out")
     jobs[0].run_dir.mkdir(parents=True)
@@ -279,7 +279,7 @@ def test_profile_env_names_and_multiline_setup_are_refused(tmp_path: Path):
 def test_sbatch_script_quotes_every_value(tmp_path: Path):
     """Run the generated script with a fake srun: no metacharacter from setup, env, python or
     the output path is ever interpreted (the canary files must not appear)."""
-    from dapo import launcher
+    from dapo.sweep import launcher
     canary = tmp_path / "pwned"
     nasty = f"$(touch {canary}1)"
     prof = yaml.safe_load((REPO / "slurm" / "local.yaml").read_text())
@@ -310,7 +310,7 @@ def test_sbatch_script_quotes_every_value(tmp_path: Path):
 
 # =========================================================================== launcher pieces
 def test_accelerate_command_for_two_nodes_of_eight_gpus():
-    from dapo.launcher import accelerate_command
+    from dapo.sweep.launcher import accelerate_command
     cmd = accelerate_command(python="/venv/bin/python", config_path="/r/cfg.yaml", run_dir="/r", nodes=2,
                              gpus_per_node=8, machine_rank=1, main_ip="node-a", main_port=29512, fsdp=True,
                              mixed_precision="bf16")
@@ -327,12 +327,12 @@ def test_accelerate_command_for_two_nodes_of_eight_gpus():
                              main_ip="h", main_port=1, fsdp=False)
     assert "--multi_gpu" in ddp and "--config_file" not in ddp and "--same_network" not in ddp
     fsdp = yaml.safe_load((REPO / "slurm" / "accelerate-fsdp.yaml").read_text())
-    # accelerate only launches; sharding (FSDP2), checkpoints and engines are dapo.distributed's
+    # accelerate only launches; sharding (FSDP2), checkpoints and engines are dapo.dist.distributed's
     assert fsdp["distributed_type"] == "MULTI_GPU" and "fsdp_config" not in fsdp
 
 
 def test_sbatch_parameters_for_the_paper_sweep():
-    from dapo.launcher import sbatch_parameters
+    from dapo.sweep.launcher import sbatch_parameters
     p = sbatch_parameters(load_spec(REPO / "sweeps" / "table1.yaml"), load_profile("example-gpu-cluster"))
     assert (p["nodes"], p["gpus_per_node"], p["ntasks_per_node"], p["cpus_per_task"]) == (16, 8, 1, 96)
     assert (p["time"], p["mem"], p["array_parallelism"], p["partition"]) == (10080, "1000GB", 2, "gpu")
@@ -340,7 +340,7 @@ def test_sbatch_parameters_for_the_paper_sweep():
 
 
 def test_checkpoint_requeues_a_bounded_number_of_times(tmp_path: Path):
-    from dapo.launcher import RunJob
+    from dapo.sweep.launcher import RunJob
     job = RunJob({"name": "x"}, str(tmp_path), max_requeues=2)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     try:
@@ -358,7 +358,7 @@ def test_checkpoint_requeues_a_bounded_number_of_times(tmp_path: Path):
 
 
 def test_status_maps_slurm_states_and_shows_the_failed_log(tmp_path: Path, monkeypatch):
-    from dapo import launcher
+    from dapo.sweep import launcher
     spec = load_spec(write_spec(tmp_path, seeds=[0, 1, 2]))
     jobs = expand(spec, tmp_path)
     folder = tmp_path / "sweeps" / "s" / "submitit" / "x"
@@ -379,7 +379,7 @@ def test_status_maps_slurm_states_and_shows_the_failed_log(tmp_path: Path, monke
 
 
 def test_local_profile_has_an_embedded_default(tmp_path: Path, monkeypatch):
-    import dapo.cluster as cluster
+    import dapo.sweep.cluster as cluster
     monkeypatch.setattr(cluster, "REPO_ROOT", tmp_path)
     monkeypatch.chdir(tmp_path)
     prof = load_profile("local")
@@ -390,7 +390,7 @@ def test_local_profile_has_an_embedded_default(tmp_path: Path, monkeypatch):
 
 def test_a_multi_node_job_starts_accelerate_with_its_node_rank(tmp_path: Path, monkeypatch):
     """RunJob on node 1 of a 2-node × 8-GPU allocation (Slurm env faked; accelerate not run)."""
-    from dapo import launcher
+    from dapo.sweep import launcher
     from dapo.config import build_config, load_config, to_dict
     cfg = load_config(REPO / "experiments" / "paper-dapo-32b.yaml", ["launch.num_nodes=2"])
     env = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4321", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
@@ -413,7 +413,7 @@ def test_a_multi_node_job_starts_accelerate_with_its_node_rank(tmp_path: Path, m
 
 def _node1_env(monkeypatch) -> list:
     """Slurm's environment of node 1 of a 2-node job; accelerate is not run: its argv is recorded."""
-    from dapo import launcher
+    from dapo.sweep import launcher
     env = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4321", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
            "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}
     for k, v in env.items():
@@ -426,7 +426,7 @@ def _node1_env(monkeypatch) -> list:
 def test_node_1_of_a_fresh_multi_node_job_makes_the_run_dir_itself(tmp_path: Path, monkeypatch):
     """Only global rank 0 writes job.json (and so the run dir); node 1 may start first on a fresh run:
     it writes its launch config into a run dir that does not exist yet."""
-    from dapo import launcher
+    from dapo.sweep import launcher
     from dapo.config import load_config, to_dict
     calls = _node1_env(monkeypatch)
     cfg = load_config(REPO / "experiments" / "paper-dapo-32b.yaml", ["launch.num_nodes=2"])
@@ -440,7 +440,7 @@ def test_node_1_of_a_fresh_multi_node_job_makes_the_run_dir_itself(tmp_path: Pat
 def test_a_sweep_expanded_elsewhere_gives_its_jobs_the_absolute_accelerate_config(tmp_path: Path, monkeypatch):
     """`launch.accelerate_config: slurm/accelerate-fsdp.yaml` is read like `base:` when the sweep is
     expanded (not from the job's cwd, wherever it was submitted); the run ids do not change."""
-    from dapo import launcher
+    from dapo.sweep import launcher
     monkeypatch.chdir(tmp_path)                                   # submitted from outside the repo
     spec = load_spec(REPO / "sweeps" / "table1.yaml")
     job = expand(spec, tmp_path)[0]
@@ -465,7 +465,7 @@ def test_a_sweep_expanded_elsewhere_gives_its_jobs_the_absolute_accelerate_confi
 def test_cancelling_a_local_job_kills_its_whole_process_tree():
     """A local job is `sh -c ... && python -m submitit.local._local` → controller → task; all must go,
     even with SIGINT ignored (as for anything started from a background shell)."""
-    from dapo import launcher
+    from dapo.sweep import launcher
     py = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
     shell = subprocess.Popen(["sh", "-c", f"{shlex_quote(sys.executable)} -c {shlex_quote(py)} submitit-task & "
                               f"{shlex_quote(sys.executable)} -c {shlex_quote(py)} submitit-controller; : submitit"],
@@ -484,7 +484,7 @@ def test_cancelling_a_local_job_kills_its_whole_process_tree():
 
 
 def test_status_when_sacct_is_silent(tmp_path: Path, monkeypatch):
-    from dapo import launcher
+    from dapo.sweep import launcher
     spec = load_spec(write_spec(tmp_path, seeds=[0]))
     jobs = expand(spec, tmp_path)
     sub = {"executor": "slurm", "folder": str(tmp_path), "time": "2020-01-01T00:00:00+00:00",
@@ -502,7 +502,7 @@ def test_status_when_sacct_is_silent(tmp_path: Path, monkeypatch):
 def test_seeds_option_runs_a_subset_with_the_same_run_ids(tmp_path, capsys):
     """`--seeds 6-9` extends a sweep whose other seeds ran elsewhere: the jobs are exactly the full
     expansion's jobs of those seeds (same run ids); a seed outside the spec is one error line, exit 2."""
-    from dapo.sweep import parse_seeds
+    from dapo.commands.sweep import parse_seeds
     assert parse_seeds("6-9") == (6, 7, 8, 9) and parse_seeds("0,2-3,2") == (0, 2, 3)
     for bad in ("9-6", "a", "1,,2", "-1"):
         with pytest.raises(ConfigError, match="--seeds"):
@@ -541,7 +541,7 @@ def test_two_submissions_of_one_sweep_keep_both_records(tmp_path):
     overwrites the other (each used to rewrite the whole file from the copy it read at its start)."""
     import multiprocessing as mp
 
-    from dapo import launcher
+    from dapo.sweep import launcher
     path = tmp_path / "sweeps" / "s" / "submissions.json"
     a = {"id": "A", "executor": "local", "jobs": [{"run_id": "r1", "job_id": None}]}
     b = {"id": "B", "executor": "local", "jobs": [{"run_id": "r2", "job_id": None}]}
@@ -563,7 +563,7 @@ def test_two_submissions_of_one_sweep_keep_both_records(tmp_path):
 
 
 def _save_many(path, key):
-    from dapo import launcher
+    from dapo.sweep import launcher
     rec = {"id": key, "executor": "local", "jobs": [{"run_id": key, "job_id": None}]}
     for i in range(30):
         rec["jobs"][0]["job_id"] = str(i)

@@ -5,7 +5,7 @@ def test_the_cpu_a_run_computed_on_is_named_in_its_tags():
     the tags name the CPU's model and its bf16 instructions, not just "x86_64"."""
     from pathlib import Path
     from dapo.hardware import cpu_name, has_bf16
-    from dapo.tracking import environment_tags
+    from dapo.tracking.tracker import environment_tags
     info = Path("/proc/cpuinfo").read_text()
     model = next(ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name"))
     assert cpu_name().startswith(model)

@@ -2,7 +2,7 @@
 
 The slow tests start a throwaway PostgreSQL cluster (scripts/setup-postgres.sh: initdb in a
 temporary directory, 127.0.0.1 and a free port, stopped by its pid) unless scripts/run-tests.sh
-already started one (``DAPO_PG_URI``), then an MLflow server over it (dapo.mlflow_server):
+already started one (``DAPO_PG_URI``), then an MLflow server over it (dapo.tracking.mlflow_server):
 
 - 12 writer processes × 200 steps through the server: every point once; one writer SIGKILLs
   itself mid-flush and one is killed -9 from outside, both restarted;
@@ -36,10 +36,10 @@ import pytest
 import yaml
 
 from bench.bench_tracking import check_points, read_points
-from dapo.cluster import load_profile
+from dapo.sweep.cluster import load_profile
 from dapo.config import ConfigError
-from dapo.mlflow_server import free_port, start_server
-from dapo.tracking import TrackingError, Tracker, check_server, redact, refuse_password, uri_password
+from dapo.tracking.mlflow_server import free_port, start_server
+from dapo.tracking.tracker import TrackingError, Tracker, check_server, redact, refuse_password, uri_password
 
 REPO = Path(__file__).resolve().parents[1]
 PG_SCRIPT = REPO / "scripts" / "setup-postgres.sh"
@@ -368,7 +368,7 @@ def test_sweep_logs_through_the_server_and_figures_match_sqlite(server, tmp_path
     assert not list(out.rglob("mlruns.db"))                              # nothing went to a sqlite file
     for summary in out.glob("runs/*/summary.json"):
         assert json.loads(summary.read_text())["mlflow_uri"] == uri
-    from dapo.runs_list import main as runs_main    # `dapo runs`: the run directories, and where to browse them
+    from dapo.commands.runs import main as runs_main    # `dapo runs`: the run directories, and where to browse them
     capsys.readouterr()
     assert runs_main(["--output", str(out), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

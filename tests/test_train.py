@@ -16,9 +16,9 @@ import torch
 
 from dapo.config import load_config
 from dapo.engines import Completion
-from dapo.logprobs import old_logprobs, response_loss_mask
-from dapo.rollout import DynamicSamplingExhausted, RolloutBatch, collect_rollouts
-from dapo.update import Policy, update_policy
+from dapo.train.logprobs import old_logprobs, response_loss_mask
+from dapo.train.rollout import DynamicSamplingExhausted, RolloutBatch, collect_rollouts
+from dapo.train.update import Policy, update_policy
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -53,7 +53,7 @@ class ListSampler:
 
 
 def _examples(n):
-    from dapo.data import Example
+    from dapo.data.datasets import Example
     return [Example(prompt=f"q{k}", answer="7", source="t", index=k, scorer="dapo") for k in range(n)]
 
 
@@ -228,7 +228,7 @@ def test_logged_lr_is_the_one_the_step_used(tmp_path):
     """Linear warm-up over 4 gradient steps: the k-th step uses lr·k/4 and logs it (not the next one's)."""
     from types import SimpleNamespace
     from dapo import algo
-    from dapo.update import build_policy
+    from dapo.train.update import build_policy
     _tiny_policy(0).save_pretrained(tmp_path / "m")
     cfg = _cfg(**{"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 2,
                   "train.micro_batch_seqs": 4, "train.lr": 1e-3, "train.warmup_grad_steps": 4,
@@ -286,7 +286,7 @@ def test_logits_chunking_leaves_the_update_unchanged(chunk):
 
 
 def test_token_budget_micro_batches_fill_greedily_by_padded_size():
-    from dapo.logprobs import length_sorted, micro_batches
+    from dapo.train.logprobs import length_sorted, micro_batches
     # prompts of 2 tokens, responses of 6, 4, 3, 1: padded sizes n·(2 + longest response)
     batch = RolloutBatch([[5, 5]] * 4, [[7] * 6, [7] * 4, [7] * 3, [7]], torch.ones(4, dtype=torch.bool),
                          torch.ones(1, 4, dtype=torch.bool), torch.ones(1, 4), torch.zeros(1, 4))
@@ -333,7 +333,7 @@ def _on_policy_update(use_none: bool, micro: int = 4):
 def test_single_step_on_policy_skips_old_logprobs_with_the_same_update():
     """One optimizer step per rollout batch: using the update's own detached log-probs as π_old
     gives the same loss, gradient step, entropy and token probability as a separate forward."""
-    from dapo.logprobs import single_step_on_policy
+    from dapo.train.logprobs import single_step_on_policy
     assert single_step_on_policy(_cfg(**{"train.batch_prompts": 4, "train.mini_batch_prompts": 4}), 4)
     assert not single_step_on_policy(_cfg(**{"train.batch_prompts": 4, "train.mini_batch_prompts": 2}), 4)
     assert not single_step_on_policy(_cfg(**{"train.batch_prompts": 4, "train.mini_batch_prompts": 4,
@@ -356,7 +356,7 @@ def test_ratio_max_is_the_largest_ratio_whatever_the_micro_batches(micro):
     over the loss tokens, e^0.7 here, whatever the micro-batch split; 2 optimizer steps of a rollout
     step log their max (e^0.7), not their mean, while ratio_mean is the mean."""
     from dapo import algo
-    from dapo.update import mean_metrics
+    from dapo.train.update import mean_metrics
     ov = {"rollout.n": 4, "train.batch_prompts": 4, "train.mini_batch_prompts": 2, "train.micro_batch_seqs": micro,
           "algo.dynamic_sampling.enabled": "false", "model.autocast_bf16": "false"}
     model, batch = _tiny_policy(2), _random_batch(seed=4)
@@ -431,7 +431,7 @@ def test_the_update_uses_the_rollout_temperature_like_the_old_logprobs(old_tempe
 def test_chunked_logprobs_and_entropy_equal_the_unchunked_ones(dtype, temperature):
     """train.logits_chunk_tokens: log-probs and entropy computed a few positions at a time (float32 per
     chunk, from bf16 or fp32 logits) equal the all-at-once values, and so do their gradients."""
-    from dapo.logprobs import token_entropy, token_logprobs
+    from dapo.train.logprobs import token_entropy, token_logprobs
     g = torch.Generator().manual_seed(0)
     base = (torch.randn(3, 7, 11, generator=g) * 3).to(dtype)                # [n, L + 1, V] like a forward
     tgt = torch.randint(0, 11, (3, 6), generator=g)
@@ -458,7 +458,7 @@ def test_chunked_logprobs_keep_no_float32_copy_of_all_logits_for_the_backward():
     unset chunk (train.logits_chunk_tokens null) is chunked too, even where one chunk holds every
     position (the checkpoint keeps the bf16 logits only)."""
     from dapo import algo
-    from dapo.logprobs import token_logprobs
+    from dapo.train.logprobs import token_logprobs
     n, L, V = 4, 8, 16
     logits = torch.randn(n, L + 1, V, dtype=torch.bfloat16, requires_grad=True)[:, :L]
     tgt = torch.randint(0, V, (n, L))
@@ -480,7 +480,7 @@ def test_chunked_logprobs_keep_no_float32_copy_of_all_logits_for_the_backward():
 
 
 def test_length_sorted_micro_batches_pad_less():
-    from dapo.logprobs import length_sorted
+    from dapo.train.logprobs import length_sorted
     batch = _random_batch(seed=5)
     idx = length_sorted(list(range(len(batch.response_ids))), batch)
     assert sorted(idx) == list(range(len(batch.response_ids)))
@@ -543,7 +543,7 @@ def test_packed_logprobs_and_entropies_equal_the_padded_ones():
     equal to 1e-6 in fp32 on every response token. The same row with an all-ones attention mask
     (which turns transformers' packed-sequence detection off) attends across sequences and differs:
     the equality is the block-causal attention, not a coincidence."""
-    from dapo.logprobs import ResponseLogits, layer_costs, pack_flat, packed_row_len, response_forward
+    from dapo.train.logprobs import ResponseLogits, layer_costs, pack_flat, packed_row_len, response_forward
     model = _tiny_policy(3).eval()
     batch = _random_batch(seed=2)
     batch.response_ids[5] = []
@@ -592,7 +592,7 @@ def test_packed_rows_widen_only_where_padding_costs_more_than_attention():
     import random
     from types import SimpleNamespace
 
-    from dapo.logprobs import ROW_CAP_FACTORS, ffd_rows, layer_costs, length_sorted, packed_row_len
+    from dapo.train.logprobs import ROW_CAP_FACTORS, ffd_rows, layer_costs, length_sorted, packed_row_len
     # micro-batches of a packed layout group sequences by whole length (a row holds prompt + response)
     b = SimpleNamespace(prompt_ids=[[3] * 30, [3] * 2, [3] * 10], response_ids=[[4] * 5, [4] * 20, [4] * 20])
     assert length_sorted([0, 1, 2], b) == [2, 1, 0] and length_sorted([0, 1, 2], b, packed=True) == [0, 2, 1]
@@ -637,7 +637,7 @@ def test_packed_update_equals_the_padded_one(micro, budget):
 
 
 def test_ranks_get_equal_tokens_and_as_many_passes_and_fillers_are_one_token():
-    from dapo.logprobs import FILLER, filler_forward, micro_cost, rank_micro_batches
+    from dapo.train.logprobs import FILLER, filler_forward, micro_cost, rank_micro_batches
     g = torch.Generator().manual_seed(0)     # 64 responses, lengths heavy-tailed (a few 10x the median)
     lens = [int(4 * 1.6 ** float(torch.rand(1, generator=g) * 8)) for _ in range(64)]
     batch = RolloutBatch([[3, 4, 5]] * 64, [[7] * n for n in lens], torch.ones(64, dtype=torch.bool),
@@ -796,7 +796,7 @@ def test_smollm2_one_rollout_and_one_update_on_cpu(tmp_path):
 
 
 def test_overlong_filter_masks_truncated_not_finished_responses():
-    from dapo.logprobs import response_loss_mask
+    from dapo.train.logprobs import response_loss_mask
     resp = torch.ones(3, 4)
     finished = torch.tensor([True, False, True])          # the middle one hit the length cap
     assert response_loss_mask(resp, finished, False).tolist() == resp.tolist()

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from dapo.distributed import broadcast_bytes_from, rollout_group, split_for_rank
+from dapo.dist.distributed import broadcast_bytes_from, rollout_group, split_for_rank
 from dapo.engines.base import Completion, SamplingSpec, per_prompt_seeds
 
 __all__ = ["RankShardedEngine", "contributing_ranks", "pack_completions", "unpack_completions"]

@@ -58,7 +58,7 @@ from typing import Any
 
 import torch
 
-from dapo.distributed import usable_cpus
+from dapo.dist.distributed import usable_cpus
 from dapo.engines.base import (
     Completion,
     SamplingSpec,

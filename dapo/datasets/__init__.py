@@ -1,1 +1,0 @@
-"""Data files shipped with DAPO Lab (read by :mod:`dapo.data`; see PROVENANCE.md)."""
