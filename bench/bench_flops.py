@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from dapo import algo
     from dapo.config import build_config
-    from dapo.train.logprobs import layer_costs, micro_cost, pack_flat, packed_row_len, rank_micro_batches, response_mask
     from dapo.models import load_model, resolve_model
+    from dapo.train.logprobs import layer_costs, micro_cost, pack_flat, packed_row_len, rank_micro_batches, response_mask
     from dapo.train.update import Policy, update_policy
     torch.set_num_threads(args.threads)
     precisions = args.precisions.split(",")

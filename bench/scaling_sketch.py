@@ -15,8 +15,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from dapo.sweep import plan
 from dapo.config import load_config
+from dapo.sweep import plan
 
 EXPERIMENT = Path(__file__).resolve().parents[1] / "experiments" / "paper-dapo-32b.yaml"
 GPUS = {  # memory torch reports (GiB), dense bf16 peak (TFLOP/s), assumed vLLM decode tok/s per GPU for 32B

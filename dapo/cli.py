@@ -163,7 +163,7 @@ def train_main(argv: list[str], train_fn=None) -> int:
     """``dapo train``: every input is checked (config, data, model, eval sets) before the run
     directory exists; one line and exit status 2 for each problem. A finished run exits at once.
 
-    ``train_fn`` is :func:`dapo.train.loop.train` (``dapo.train.loop.main`` passes it; ``dapo train`` loads the
+    ``train_fn`` is :func:`dapo.train.loop.train` (``python -m dapo.train`` passes it; ``dapo train`` loads the
     module by name, as every subcommand is loaded, once the inputs are known to be good)."""
     if not argv:
         print(train_parser().format_usage() + TRAIN_EXAMPLE, file=sys.stderr)
@@ -198,13 +198,13 @@ def train_main(argv: list[str], train_fn=None) -> int:
             print(f"already finished: {run_dir}" + (f"\n  browse: {mlflow_ui_command(done['mlflow_uri'])}"
                                                     if isinstance(done.get("mlflow_uri"), str) else ""))
         return 0
-    from dapo.train.checkpoint import CheckpointError
     from dapo.dist.distributed import CudaUnavailableError
-    from dapo.models import CacheBusyError
     from dapo.file_lock import NoLocksError
+    from dapo.models import CacheBusyError
     from dapo.preflight import ToolchainError, check_compile_toolchain
     from dapo.run_dir import RunDirNoLocks
     from dapo.tracking.tracker import TrackingError
+    from dapo.train.checkpoint import CheckpointError
     try:
         check_compile_toolchain(cfg, _cuda_available)    # vLLM's compiled CUDA path: a compiler, Python.h
         with hold_run_dir(run_dir, enabled=main_rank):   # train() finds it held (re-entrant)

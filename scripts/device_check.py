@@ -224,8 +224,8 @@ def packed_phase(name: str, path: Path, d, cpu: bool, tflops: float, tokens: int
     import torch
 
     from dapo import algo
-    from dapo.train.logprobs import old_logprobs, response_forward, response_mask
     from dapo.models import load_model
+    from dapo.train.logprobs import old_logprobs, response_forward, response_mask
     from dapo.train.update import update_policy
     cfgs = {lay: check_config(path, cpu, tokens, chunk, packed=lay == "packed") for lay in ("padded", "packed")}
     plain = load_model(path, dtype="float32").to(d.device).eval()
@@ -276,8 +276,8 @@ def checkpoint_phase(state: dict, path: Path, d, root: Path) -> None:
     """Phase 3: DCP save of the sharded model + optimizer, load into fresh ones, compare bit for bit."""
     import torch
 
-    from dapo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from dapo.dist.distributed import full_tensor
+    from dapo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     p = state["policy"]
     run_dir = root / "run"
     t = time.perf_counter()
@@ -305,11 +305,11 @@ def rollout_phase(path: Path, d, steps: int = 2) -> None:
     """Phase 4: ``steps`` rollout steps of the tiny config with the transformers engine on the device."""
     from dapo import algo
     from dapo.config import load_config
-    from dapo.engines import make_engine
-    from dapo.train.logprobs import response_loss_mask, response_mask
-    from dapo.models import load_tokenizer
-    from dapo.train.rollout import collect_rollouts
     from dapo.data.run_data import load_run_data
+    from dapo.engines import make_engine
+    from dapo.models import load_tokenizer
+    from dapo.train.logprobs import response_loss_mask, response_mask
+    from dapo.train.rollout import collect_rollouts
     from dapo.train.update import build_policy, update_policy
     cfg = load_config(REPO / "experiments" / "tiny-random-smoke.yaml",
                       [f"model.path={path}", "rollout.engine=hf", "launch.fsdp=false", "eval.datasets=[]"])

@@ -120,15 +120,24 @@ def test_runs_is_a_leaf_of_analysis():
     assert not {i for i in _all_imports("analysis.runs") if i.startswith("analysis.")}
 
 
-@pytest.mark.parametrize("module", ["dapo.sweep.cluster", "dapo.sweep.spec", "dapo.yaml_checks", "dapo.yaml_io", "dapo.config", "dapo.sweep.plan",
-                                    "dapo.preflight", "dapo.commands.runs", "dapo.logs",
-                                    "dapo.data.prompts", "dapo.data.readers", "dapo.data.datasets", "dapo.data.sampler", "dapo.data.minitask",
-                                    "dapo.eval_records", "dapo.algo.eval_metrics"])
+PURE = ["dapo.config", "dapo.yaml_io", "dapo.yaml_checks", "dapo.logs", "dapo.eval_records", "dapo.preflight",
+        "dapo.sweep.cluster", "dapo.sweep.spec", "dapo.sweep.plan", "dapo.commands.runs",
+        "dapo.data.prompts", "dapo.data.readers", "dapo.data.datasets", "dapo.data.sampler", "dapo.data.minitask",
+        "dapo.algo.eval_metrics"]
+
+
+def _with_parents(module: str) -> list[str]:
+    """``a.b.c`` -> ``[a.b.c, a.b, a]``: importing a module runs its packages' ``__init__`` first."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in FILES]
+
+
+@pytest.mark.parametrize("module", PURE)
 def test_pure_modules_import_neither_torch_nor_submitit(module):
     """Not in the module itself (anywhere), nor at import time through what it imports from dapo."""
     heavy = {"torch", "submitit", "transformers", "vllm"}
     assert not {i.split(".")[0] for i in _all_imports(module)} & heavy
-    seen, todo = set(), [module]
+    seen, todo = set(), _with_parents(module)
     while todo:
         m = todo.pop()
         if m in seen:
@@ -137,14 +146,84 @@ def test_pure_modules_import_neither_torch_nor_submitit(module):
         at_import = _imported(FILES[m], at_import=True)
         found = heavy & {i.split(".")[0] for i in at_import}
         assert not found, f"{module} imports {m}, which imports {sorted(found)} when imported"
-        todo += sorted(i for i in at_import if i in FILES)
+        todo += sorted(p for i in at_import if i in FILES for p in _with_parents(i))
 
 
 def test_analysis_reads_no_training_code():
     """analysis/ may use dapo's pure config layer (config, sweep specs) and the eval-record readers, never the training side."""
     allowed = {"dapo.config", "dapo.yaml_io", "dapo.sweep.spec", "dapo.yaml_checks", "dapo.eval_records", "dapo.store_checks",
-               "dapo.algo.eval_metrics", "dapo.declaration"}
+               "dapo.algo.eval_metrics", "dapo.sweep.declaration"}
     for m in GRAPH:
         if m.startswith("analysis"):
             used = {i for i in GRAPH[m] if i.startswith("dapo")}
             assert used <= allowed, f"{m} imports {sorted(used - allowed)}"
+
+
+# --------------------------------------------------------------------------- the layers of docs/ARCHITECTURE.md
+LAYERS = [
+    # 0 foundation: configs, files, logs; no torch at import
+    {"dapo", "dapo.config", "dapo.yaml_io", "dapo.yaml_checks", "dapo.helptext", "dapo.hardware", "dapo.file_lock",
+     "dapo.faults", "dapo.logs", "dapo.eval_records", "dapo.store_checks", "dapo.run_dir"},
+    {"dapo.algo", "dapo.data", "dapo.tracking", "dapo.models"},      # 1 the math, the data, MLflow, model files
+    {"dapo.base_model", "dapo.dist"},                                 # 2 the tiny base model; process groups, FSDP2
+    {"dapo.engines"},                                                 # 3 rollout engines (vLLM in one module)
+    {"dapo.preflight", "dapo.train"},                                 # 4 input checks; one training run
+    {"dapo.sweep"},                                                   # 5 specs, cluster profiles, plans, jobs
+    {"analysis"},                                                     # 6 runs -> statistics, figures, reports
+    {"dapo.cli", "dapo.commands"},                                    # 7 the `dapo` command and its subcommands
+]
+"""Each unit (a package, or a top-level module of dapo/) may import its own layer and those below."""
+
+
+def _unit(module: str) -> str:
+    """The package or top-level module a module belongs to: dapo.train.loop -> dapo.train; analysis.x -> analysis."""
+    parts = module.split(".")
+    if parts[0] == "analysis":
+        return "analysis"
+    return ".".join(parts[:2])
+
+
+def _layer(unit: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if unit in layer)
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from a lower layer into a higher one: 'a (layer i) imports b (layer j > i)'. ``__main__``
+    modules are entry points (``python -m dapo.train``) and sit above every layer."""
+    return [f"{m} (layer {_layer(_unit(m))}) imports {d} (layer {_layer(_unit(d))})"
+            for m in sorted(graph) if not m.endswith(".__main__")
+            for d in sorted(graph[m]) if _layer(_unit(d)) > _layer(_unit(m))]
+
+
+def test_every_module_has_a_layer():
+    units = {_unit(m) for m in FILES}
+    assert not units - set().union(*LAYERS), f"add to LAYERS (and docs/ARCHITECTURE.md): {sorted(units - set().union(*LAYERS))}"
+
+
+def test_the_packages_are_layered():
+    assert not _upward(GRAPH), "\n".join(_upward(GRAPH))
+
+
+def test_the_layering_check_can_fail():
+    """An import of the training loop from the math, or of a command from a sweep module, is reported."""
+    assert _upward({"dapo.algo.losses": {"dapo.train.loop"}}) == [
+        "dapo.algo.losses (layer 1) imports dapo.train.loop (layer 4)"]
+    assert _upward({"dapo.sweep.launcher": {"dapo.commands.sweep"}, "dapo.sweep.__main__": {"dapo.commands.sweep"}}) == [
+        "dapo.sweep.launcher (layer 5) imports dapo.commands.sweep (layer 7)"]
+
+
+MAX_LINES = 450
+
+
+def _long_modules_allowed() -> set[str]:
+    """The modules docs/ARCHITECTURE.md lists under "Longer than 450 lines" (each with its reason)."""
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = text.split("## Longer than 450 lines", 1)[1].split("\n## ", 1)[0]
+    return {line.split("`")[1] for line in section.splitlines() if line.startswith("- `")}
+
+
+def test_no_module_is_over_450_lines_but_those_the_architecture_map_names():
+    long = {str(p.relative_to(REPO)) for p in FILES.values() if len(p.read_text(encoding="utf-8").splitlines()) > MAX_LINES}
+    allowed = _long_modules_allowed()
+    assert long <= allowed, f"over {MAX_LINES} lines, not in docs/ARCHITECTURE.md: {sorted(long - allowed)}"
+    assert not allowed - long, f"docs/ARCHITECTURE.md lists modules no longer over {MAX_LINES} lines: {sorted(allowed - long)}"

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dapo.train import behaviour as bp
 from dapo.config import load_config
+from dapo.train import behaviour as bp
 from dapo.train.rollout import RolloutBatch
 
 # 4 responses of 3, 2, 3 and 1 tokens (L = 3); log rho = old - rollout on the real tokens:

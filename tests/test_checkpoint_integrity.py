@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dapo.train.checkpoint import (CHECKSUMS, CheckpointError, checkpoint_problem, latest_checkpoint, load_checkpoint,
-                             load_latest, save_checkpoint)
+                                   load_latest, save_checkpoint)
 
 REPO = Path(__file__).resolve().parents[1]
 

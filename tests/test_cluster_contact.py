@@ -107,8 +107,8 @@ def test_usr2_reaches_the_ranks_that_torchrun_starts_in_sessions_of_their_own(tm
     `os.killpg(launcher, USR2)` never reached them and the job waited signal_delay_s - 30 s for nothing.
     on_preempt immediate: RunJob.checkpoint requeues at once and leaves the ranks alone (the requeue ends them);
     step_boundary: every rank gets USR2, they stop at the same step, checkpoint, exit 75, and the wait ends."""
-    from dapo.sweep import launcher
     from dapo.dist.preemption import PREEMPTED_EXIT
+    from dapo.sweep import launcher
     script = tmp_path / "rank.py"
     script.write_text(_TORCHRUN_RANK)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -268,9 +268,9 @@ def test_a_job_without_the_toolchain_stops_at_its_start_with_one_line(tmp_path, 
     import shutil
 
     from dapo import cli
-    from dapo.sweep import launcher
     from dapo.config import to_dict
     from dapo.preflight import ToolchainError
+    from dapo.sweep import launcher
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
     monkeypatch.setattr(cli, "_cuda_available", lambda: True)

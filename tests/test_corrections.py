@@ -181,8 +181,8 @@ def test_the_hf_engine_returns_the_trainers_log_probs_in_fp32(temperature, top_p
     """The same fp32 weights on both sides: |log π_rollout − log π_old| <= 1e-5 per token (the raw-logit
     bug would give ~log-ratios of the temperature's size at T = 0.7)."""
     from dapo.engines import SamplingSpec, make_engine
-    from dapo.train.logprobs import response_logits, token_logprobs
     from dapo.models import load_model, load_tokenizer, resolve_model
+    from dapo.train.logprobs import response_logits, token_logprobs
     path = resolve_model("tiny-3m")
     model, tok = load_model(path), load_tokenizer(path)
     eng = make_engine("hf", path, dtype="float32", seed=0, trainer_model=model)

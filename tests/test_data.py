@@ -15,15 +15,15 @@ import pytest
 from dapo.data import datasets as data
 from dapo.data.datasets import DATASET_DIR, DATASETS, load_dataset, register
 from dapo.data.prompts import (
-    BOXED_TEMPLATE_SUFFIX,
-    DAPO_TEMPLATE_PREFIX,
-    DAPO_TEMPLATE_SUFFIX,
-    DataError,
-    Example,
-    drop_long_prompts,
-    render_prompt,
-    wrap_dapo,
-)
+                               BOXED_TEMPLATE_SUFFIX,
+                               DAPO_TEMPLATE_PREFIX,
+                               DAPO_TEMPLATE_SUFFIX,
+                               DataError,
+                               Example,
+                               drop_long_prompts,
+                               render_prompt,
+                               wrap_dapo,
+                               )
 from dapo.data.sampler import PromptSampler, batches
 
 SHIPPED = ("dapo-math-17k", "aime24", "aime25", "math500", "gsm8k")

@@ -8,11 +8,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from analysis.declared import NO_RECORD, declaration_facts, declaration_sentence
+from dapo.commands.sweep import main as sweep_main
+from dapo.config import ConfigError
 from dapo.sweep import launcher
 from dapo.sweep.cluster import load_profile
-from dapo.config import ConfigError
 from dapo.sweep.declaration import declarations_dir, declare, read_declarations
-from dapo.commands.sweep import main as sweep_main
 from dapo.sweep.spec import expand, load_spec
 from tests.test_sweep import error_of, write_spec
 

@@ -194,8 +194,8 @@ def _logits(model, ids):
 def _checkpoint_model(run_dir: Path, step: int):
     """The checkpoint loaded the existing way: the run's base model, then dapo.train.checkpoint.load_checkpoint."""
     from dapo.base_model import resolve_policy_path
-    from dapo.train.checkpoint import load_checkpoint
     from dapo.models import load_model
+    from dapo.train.checkpoint import load_checkpoint
     m = load_model(resolve_policy_path("tiny-3m"), dtype="float32")
     if step:
         load_checkpoint(run_dir / "checkpoints" / f"step_{step:06d}", model=m, restore_rng=False)

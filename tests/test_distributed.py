@@ -55,8 +55,8 @@ def _worker_sharded_engine(out: Path) -> None:
         load_sharded_causal_lm
     from dapo.engines import SamplingSpec, make_engine
     from dapo.engines.sharded import RankShardedEngine
-    from dapo.models import build_char_tokenizer, build_tiny_qwen2, load_model
     from dapo.engines.weight_sync import weight_stream
+    from dapo.models import build_char_tokenizer, build_tiny_qwen2, load_model
 
     d = init_distributed(PG_TIMEOUT_S)
     torch.set_num_threads(1)
@@ -119,8 +119,8 @@ def _worker_sharded_engine(out: Path) -> None:
 
 
 def _sharded_checkpoint_roundtrip(path: Path, run_dir: Path, d) -> dict:
-    from dapo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from dapo.dist.distributed import full_tensor, load_sharded_causal_lm
+    from dapo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
     ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(2))
 
@@ -158,7 +158,7 @@ def _worker_train_kill_rank1(argv: list[str]) -> None:
     """``dapo train ARGV`` in which rank 1 alone SIGKILLs itself after step ``DAPO_TEST_KILL_RANK1_AT``'s update."""
     if os.environ.get("RANK") == "1":
         os.environ["DAPO_FAULT_KILL_AT_STEP"] = os.environ["DAPO_TEST_KILL_RANK1_AT"]
-    from dapo.train.loop import main
+    from dapo.train.__main__ import main
     sys.exit(main(argv))
 
 
@@ -533,10 +533,10 @@ def test_the_launcher_tells_a_gpu_jobs_processes_to_expect_cuda(tmp_path, monkey
 
 
 def _launch_a_gpu_job_and_train_without_cuda(tmp_path, monkeypatch, capsys):
-    from dapo.dist import distributed
-    from dapo.sweep import launcher
     from dapo.cli import train_main
     from dapo.commands.sweep import expand, load_profile, load_spec
+    from dapo.dist import distributed
+    from dapo.sweep import launcher
     for k, v in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4321", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
                  "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}.items():
         monkeypatch.setenv(k, v)

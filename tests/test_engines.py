@@ -304,8 +304,8 @@ def test_vllm_returns_the_log_probs_of_the_distribution_it_sampled(vllm_engine, 
     rho = pi_old / pi_rollout against the fp32 trainer has mean in [0.95, 1.05] (raw log-probs give
     ~2); a bf16 rollout engine on the same prompts and seeds has a strictly larger mismatch (k3)."""
     from dapo.algo.corrections import mismatch_metrics
-    from dapo.train.logprobs import response_logits, token_logprobs
     from dapo.models import load_model
+    from dapo.train.logprobs import response_logits, token_logprobs
     spec = SamplingSpec(n=4, temperature=0.7, top_p=1.0, max_tokens=16, seed=11)
     trainer = load_model(tiny_path).eval()
 

@@ -159,8 +159,8 @@ def test_eval_of_a_checkpoint_reproduces_the_logged_evaluation_and_resumes_after
     again = [json.loads(line) for line in (tmp_path / "e2" / "samples.jsonl").open()]
     assert len(again) == 2 * 8 * 2 == len({(r["set"], r["problem"], r["sample"]) for r in again})
     assert [r for r in again if r["set"] == "arith-eval"] == read_records(records_path(run, 2))
-    from dapo.data.rewards import get_scorer
     from dapo.data.datasets import load_dataset
+    from dapo.data.rewards import get_scorer
     answers = {f"arith-fresh:{e.index}": e.answer for e in load_dataset("arith-fresh", limit=8)[0]}
     assert all((get_scorer("dapo")(r["response"], answers[r["problem"]]) > 0) == r["correct"]
                for r in again if r["set"] == "arith-fresh")
@@ -178,8 +178,8 @@ def test_eval_of_a_checkpoint_reproduces_the_logged_evaluation_and_resumes_after
 
 
 def test_dapo_runs_samples_prints_the_latest_evaluation(tmp_path, capsys):
-    from dapo.eval_records import make_record, records_path, write_records
     from dapo.commands.runs import main as runs_main
+    from dapo.eval_records import make_record, records_path, write_records
     for step in (0, 5):
         write_records(records_path(tmp_path, step), [
             make_record(set="arith-eval", problem=f"arith-eval:{p}", sample=j, seed=1, prompt_hash="0" * 16,

@@ -9,13 +9,13 @@ import pytest
 
 from dapo.data import minitask
 from dapo.data.minitask import (
-    eval_problems,
-    eval_prompts,
-    evaluate_left_to_right,
-    iter_problems,
-    make_problem,
-    make_split,
-)
+                                eval_problems,
+                                eval_prompts,
+                                evaluate_left_to_right,
+                                iter_problems,
+                                make_problem,
+                                make_split,
+                                )
 from dapo.data.rewards import dapo_score
 
 PROMPT_RE = re.compile(r"^\d+([-+*]\d+)+=$")

@@ -93,9 +93,9 @@ def test_next_look_counts_the_runs_of_a_committed_snapshot_and_runs_none_of_them
 
 
 def test_a_run_only_a_snapshot_holds_is_skipped_by_submit(tmp_path):
+    from dapo.commands.sweep import expand, load_spec
     from dapo.sweep.cluster import load_profile
     from dapo.sweep.launcher import submit
-    from dapo.commands.sweep import expand, load_spec
     root = Path(__file__).resolve().parents[1]
     spec = load_spec(root / "sweeps" / "table1-mini-replication.yaml")
     jobs = expand(spec, tmp_path)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from dapo.config import ConfigError, load_config
 from dapo.sweep import plan
 from dapo.sweep.cluster import load_profile
-from dapo.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 EXP32 = REPO / "experiments" / "paper-dapo-32b.yaml"
@@ -389,8 +389,8 @@ def test_max_num_seqs_reaches_vllm_and_the_plan_says_where_the_kv_cache_ends(mon
     import torch
 
     from dapo import engines
-    from dapo.train import rollout
     from dapo.config import config_hash
+    from dapo.train import rollout
     p = _run(str(EXP32), "--cluster", "example-gpu-cluster")
     assert "= 28.0 full-length sequences per engine" in p.stdout
     assert "note: rollout.max_num_seqs unset" in p.stdout and "rollout.max_num_seqs=27 caps it" in p.stdout

@@ -29,10 +29,10 @@ import pytest
 import torch
 
 from dapo import faults
-from dapo.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from dapo.config import load_config
-from dapo.train.rollout import DynamicSamplingExhausted
+from dapo.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from dapo.train.loop import train
+from dapo.train.rollout import DynamicSamplingExhausted
 from dapo.train.update import NonFiniteError
 
 REPO = Path(__file__).resolve().parents[1]

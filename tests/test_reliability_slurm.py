@@ -59,8 +59,8 @@ def _spec(folder: Path, name: str, max_requeues: int) -> Path:
 
 class Job:
     def __init__(self, root: Path, name: str, max_requeues: int, pauses: list[str], cluster, uri: str):
-        from dapo.sweep import launcher
         from dapo.commands.sweep import expand, load_profile, load_spec
+        from dapo.sweep import launcher
         self.out = root / name
         self.markers = root / f"{name}-markers"
         self.pauses = pauses
@@ -159,8 +159,8 @@ def test_preempted_in_a_rollout_and_in_an_update_resumes_and_matches_an_uninterr
 
 
 def test_one_preemption_too_many_fails_clearly_and_keeps_the_checkpoint(jobs):
-    from dapo.train.checkpoint import latest_checkpoint, load_checkpoint
     from dapo.models import load_model
+    from dapo.train.checkpoint import latest_checkpoint, load_checkpoint
     from dapo.train.loop import resolve_policy_path
     J = jobs["limit"]
     row = J.wait("the job to fail", lambda: (lambda r: r if r["state"] in ("done", "failed") else None)(J.row()))

@@ -232,8 +232,8 @@ def test_the_lock_is_reentrant_and_held_by_train_itself(tmp_path):
 def test_who_holds_a_run_dir_is_asked_without_taking_the_lock(tmp_path):
     """`dapo runs` says running (run.lock held by a live process) or stopped (nobody holds it); asking
     takes nothing, so the holder keeps it and, once the holder is gone, a run starts at once."""
-    from dapo.run_dir import hold_run_dir, run_dir_holder
     from dapo.commands.runs import run_row
+    from dapo.run_dir import hold_run_dir, run_dir_holder
     d = tmp_path / "run"
     assert run_dir_holder(d) is None                   # no lock file yet
     holder = _holder(d)

@@ -129,8 +129,8 @@ def test_the_run_asks_for_a_dummy_load_and_its_eager_setting(monkeypatch):
 def test_a_dummy_loaded_vllm_engine_after_the_first_push_equals_a_normal_load(tmp_path):
     pytest.importorskip("vllm")
     from dapo.engines import SamplingSpec, make_engine
-    from dapo.models import build_char_tokenizer, build_tiny_qwen2, load_model
     from dapo.engines.weight_sync import weight_stream
+    from dapo.models import build_char_tokenizer, build_tiny_qwen2, load_model
     path = build_tiny_qwen2(tmp_path / "tiny", hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, seed=3)
     tok = build_char_tokenizer()
     prompts = [tok(t)["input_ids"] for t in ("1+2=", "what is 12 * 3?", "x")]
@@ -201,9 +201,9 @@ def test_each_rank_writes_its_own_engine_log(tmp_path, monkeypatch):
 # =========================================================================== item 16: checkpoints
 def test_final_model_in_bf16_by_default_loads_as_bf16_at_half_the_size(tmp_path):
     from safetensors import safe_open
-    from dapo.train.checkpoint import save_final_model
     from dapo.config import CheckpointConfig
     from dapo.models import build_tiny_qwen2, load_model
+    from dapo.train.checkpoint import save_final_model
     path = build_tiny_qwen2(tmp_path / "m", hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, seed=0)
     model = load_model(path)
     sd = model.state_dict()
@@ -298,8 +298,8 @@ def test_a_multi_process_job_passes_usr2_to_its_ranks_and_waits_for_their_checkp
     ignores it) gets it, finishes its step, checkpoints, exits 75,
     and only then does the requeue go ahead (here: well before the 90 s the profile's delay would allow)."""
     import time
-    from dapo.sweep import launcher
     from dapo.dist.preemption import PREEMPTED_EXIT
+    from dapo.sweep import launcher
     job = launcher.RunJob({"checkpoint": {"on_preempt": "step_boundary"}}, str(tmp_path), max_requeues=1,
                           signal_delay_s=120)
     job._proc = subprocess.Popen([sys.executable, "-c", _RANK, str(tmp_path)], start_new_session=True,

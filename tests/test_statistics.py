@@ -180,10 +180,10 @@ def test_paired_rows_decide_from_their_own_p(d):
 def test_a_sweep_declares_its_own_margins(tmp_path):
     """`margins:` in a sweep spec overrides the default equivalence margin of a metric (the report's
     TOST uses it); a margin that is not positive is one error naming the key."""
-    from dapo.config import ConfigError
-    from dapo.sweep.spec import load_spec, sweep_info
     from analysis.metric_names import equivalence_margin
     from analysis.runs import SweepInfo
+    from dapo.config import ConfigError
+    from dapo.sweep.spec import load_spec, sweep_info
     src = (Path(__file__).resolve().parents[1] / "sweeps" / "clip-higher-stress-mini.yaml").read_text()
     base = str(Path(__file__).resolve().parents[1] / "experiments" / "mini-dapo.yaml")
     spec = tmp_path / "s.yaml"

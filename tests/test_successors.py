@@ -677,8 +677,8 @@ def test_drop_solved_leaves_the_epoch_alone_and_the_next_epochs_pool_without_the
 def test_drop_solved_resumes_exactly_from_a_checkpoint(tmp_path):
     """Mid-epoch, with prompts solved in this epoch and before it: a sampler restored from a real
     checkpoint's state.json draws exactly what the uninterrupted one draws, across the next epochs."""
-    from dapo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from dapo.data.sampler import PromptSampler
+    from dapo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     ex = _pool(8)
     s = PromptSampler(ex, 2, seed=5, drop_solved=True)
     for k in range(6):                                         # epoch 0 (4 batches) and 2 batches of epoch 1
@@ -708,8 +708,8 @@ def test_drop_solved_refuses_a_pool_smaller_than_a_batch():
 
 
 def test_collect_rollouts_marks_all_correct_prompts_solved():
-    from dapo.train.rollout import collect_rollouts
     from dapo.data.sampler import PromptSampler
+    from dapo.train.rollout import collect_rollouts
     from tests.test_train import ScriptedEngine, _cfg
     ex = _pool(4)
     tokens = {(e.source, e.index): [e.index] for e in ex}

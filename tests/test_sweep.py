@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dapo.config import ConfigError, config_hash
 from dapo.commands.sweep import expand, load_profile, load_spec, main as sweep_main, sweep_info
+from dapo.config import ConfigError, config_hash
 from dapo.sweep.cluster import check_resources
 from dapo.sweep.spec import arms
 
@@ -390,8 +390,8 @@ def test_local_profile_has_an_embedded_default(tmp_path: Path, monkeypatch):
 
 def test_a_multi_node_job_starts_accelerate_with_its_node_rank(tmp_path: Path, monkeypatch):
     """RunJob on node 1 of a 2-node × 8-GPU allocation (Slurm env faked; accelerate not run)."""
-    from dapo.sweep import launcher
     from dapo.config import build_config, load_config, to_dict
+    from dapo.sweep import launcher
     cfg = load_config(REPO / "experiments" / "paper-dapo-32b.yaml", ["launch.num_nodes=2"])
     env = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4321", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
            "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}
@@ -426,8 +426,8 @@ def _node1_env(monkeypatch) -> list:
 def test_node_1_of_a_fresh_multi_node_job_makes_the_run_dir_itself(tmp_path: Path, monkeypatch):
     """Only global rank 0 writes job.json (and so the run dir); node 1 may start first on a fresh run:
     it writes its launch config into a run dir that does not exist yet."""
-    from dapo.sweep import launcher
     from dapo.config import load_config, to_dict
+    from dapo.sweep import launcher
     calls = _node1_env(monkeypatch)
     cfg = load_config(REPO / "experiments" / "paper-dapo-32b.yaml", ["launch.num_nodes=2"])
     run_dir = tmp_path / "out" / "runs" / "fresh"

@@ -23,8 +23,8 @@ try:  # tests/ is on sys.path (pytest's default rootdir-less import mode) ...
 except ImportError:  # ... or tests is a package
     from tests.slurm_cluster import slurm_cluster  # noqa: F401
 
-from dapo.sweep import launcher
 from dapo.commands.sweep import expand, load_profile, load_spec, main as sweep_main
+from dapo.sweep import launcher
 
 pytestmark = pytest.mark.slurm
 

@@ -36,8 +36,8 @@ import pytest
 import yaml
 
 from bench.bench_tracking import check_points, read_points
-from dapo.sweep.cluster import load_profile
 from dapo.config import ConfigError
+from dapo.sweep.cluster import load_profile
 from dapo.tracking.mlflow_server import free_port, start_server
 from dapo.tracking.tracker import TrackingError, Tracker, check_server, redact, refuse_password, uri_password
 

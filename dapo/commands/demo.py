@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
 
     from dapo.base_model import build_base_model, named_recipe, summary
-    from dapo.sweep.cluster import load_profile
     from dapo.config import ConfigError, show
+    from dapo.sweep.cluster import load_profile
     from dapo.sweep.spec import expand, load_spec
     try:      # every flag checked before anything is built or run: one line, exit 2
         for flag, d in (("--output", a.output), ("--results", a.results)):

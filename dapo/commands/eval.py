@@ -314,9 +314,9 @@ def _write_text(path: Path, text: str) -> None:
 def _model(cfg, target: Target):
     """(policy with the target's weights, tokenizer, model path, grad step of the checkpoint)."""
     from dapo.base_model import resolve_policy_path
-    from dapo.train.checkpoint import load_checkpoint
     from dapo.dist.distributed import init_distributed, set_cpu_threads
     from dapo.models import load_tokenizer
+    from dapo.train.checkpoint import load_checkpoint
     from dapo.train.update import build_policy
     set_cpu_threads(cfg.train.threads)
     dist_info = init_distributed(cfg.launch.pg_timeout_s, cfg.launch.rollout_timeout_s)
@@ -341,11 +341,11 @@ def run_eval(cfg, target: Target, request: dict[str, Any], out: Path) -> dict[st
     from tqdm import tqdm
 
     from dapo import eval_records, faults
+    from dapo.data.run_data import load_eval_sets
     from dapo.engines.base import per_prompt_seeds
+    from dapo.engines.weight_sync import push_weights
     from dapo.train.evaluate import sample_records, sampling_spec
     from dapo.train.rollout import make_rollout_engine
-    from dapo.data.run_data import load_eval_sets
-    from dapo.engines.weight_sync import push_weights
     t0 = time.time()
     policy, tokenizer, model_path, grad_step = _model(cfg, target)
     sets, prompt_tokens = load_eval_sets(cfg, tokenizer, log=lambda *a: None)

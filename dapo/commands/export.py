@@ -140,9 +140,9 @@ def _no_progress_bars() -> Iterator[None]:
 
 
 def _export(cfg, target, tmp: Path, to: Path, dtype: str) -> dict[str, Any]:
-    from dapo.train.checkpoint import CheckpointError, save_final_model
-    from dapo.dist.distributed import final_state_dict
     from dapo.commands.eval import _model
+    from dapo.dist.distributed import final_state_dict
+    from dapo.train.checkpoint import CheckpointError, save_final_model
     rank = int(os.environ.get("RANK", "0") or 0)
     try:
         policy, tokenizer, model_path, grad_step = _model(cfg, target)   # dapo eval's loader: checksums first

@@ -26,9 +26,9 @@ import re
 import sys
 from pathlib import Path
 
-from dapo.sweep.cluster import ClusterProfile, check_resources, load_profile
 from dapo.config import ConfigError, parse_overrides
 from dapo.helptext import help_text
+from dapo.sweep.cluster import ClusterProfile, check_resources, load_profile
 from dapo.sweep.plan import check_sweep
 from dapo.sweep.spec import Arm, Job, Spec, arms, check_sources_exist, expand, inert_overrides, load_spec, sweep_info
 from dapo.yaml_checks import check_path
@@ -146,8 +146,8 @@ def _family_arms(spec: Spec) -> Spec:
 def _checked_submit(spec: Spec, profile: ClusterProfile, args, held: set[str] = frozenset()) -> dict:
     """Check that every arm fits the GPUs (dapo plan), then submit, declaring first (sources: checked
     by the caller, before anything else it prints); ``held``: run ids an earlier snapshot has (skipped)."""
-    from dapo.sweep import launcher
     from dapo.preflight import check_writable
+    from dapo.sweep import launcher
     check_sweep(spec, profile, log=lambda m: print(m, file=sys.stderr))
     if not args.dry_run:
         check_writable(args.output, "--output")     # the declaration, submission records and run dirs go there

@@ -58,7 +58,7 @@ from typing import Any, Literal
 
 from dapo.data import minitask
 from dapo.data.prompts import (SCORERS, TEMPLATE_SCORER, TEMPLATES, DataError, Example, Template, apply_template,
-                          prompt_chars, prompt_key, wrap_dapo)
+                               prompt_chars, prompt_key, wrap_dapo)
 from dapo.data.readers import READERS, Row, generic_rows, get_field, gsm8k_final, hf_items, read_file
 
 __all__ = [

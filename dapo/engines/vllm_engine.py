@@ -60,14 +60,14 @@ import torch
 
 from dapo.dist.distributed import usable_cpus
 from dapo.engines.base import (
-    Completion,
-    SamplingSpec,
-    WeightStream,
-    check_full_state_dict,
-    per_prompt_seeds,
-    split_at_eos,
-    strip_wrapper_prefixes,
-)
+                               Completion,
+                               SamplingSpec,
+                               WeightStream,
+                               check_full_state_dict,
+                               per_prompt_seeds,
+                               split_at_eos,
+                               strip_wrapper_prefixes,
+                               )
 from dapo.logs import engine_stderr
 
 __all__ = ["VLLMEngine", "prepare_vllm_env", "engine_mode_kwargs"]

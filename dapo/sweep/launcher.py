@@ -38,10 +38,10 @@ from typing import Any, Iterator
 import submitit
 
 from dapo.config import ConfigError, build_config, to_dict
-from dapo.sweep.cluster import ClusterProfile, check_resources
 from dapo.file_lock import held_flock
 from dapo.preflight import check_compile_toolchain, finished_summary
 from dapo.store_checks import sqlite_path
+from dapo.sweep.cluster import ClusterProfile, check_resources
 from dapo.sweep.spec import Job, Spec, arms, expand
 
 __all__ = ["RunJob", "accelerate_command", "train_command", "sbatch_parameters", "setup_lines", "submit", "status",

@@ -13,10 +13,10 @@ import numpy as np
 
 from dapo import algo
 from dapo.config import Config
-from dapo.eval_records import make_record, problem_id, prompt_hash
 from dapo.data.rewards import extract_answer, get_scorer
-from dapo.train.rollout import generate_round, round_seed
 from dapo.data.run_data import example_key
+from dapo.eval_records import make_record, problem_id, prompt_hash
+from dapo.train.rollout import generate_round, round_seed
 
 __all__ = ["evaluate", "problem_scores", "eval_seed", "sampling_spec", "sample_records", "set_metrics",
            "by_problem"]

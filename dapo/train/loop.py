@@ -5,7 +5,7 @@ call per step, each in its own module:
 
     sample prompts → generate G responses each → score → dynamic sampling (keep 0 < #correct < G,
     refill)                                                                    dapo/train/rollout.py
-    → group advantages                                                         dapo/algo.py
+    → group advantages                                                         dapo/algo/advantages.py
     → the behaviour policy: π_old, π_rollout, loss mask, token weights         dapo/train/behaviour.py
     → μ mini-batch updates (token-level loss, AdamW, warm-up, grad clip)       dapo/train/update.py
     → weight sync into the engine                                              dapo/engines/weight_sync.py
@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,22 +33,22 @@ import torch
 
 from dapo import algo, eval_records, faults
 from dapo.base_model import resolve_policy_path
-from dapo.train.behaviour import Behaviour, Inputs, behaviour_policy
-from dapo.train.checkpoint import latest_checkpoint, load_latest, save_checkpoint, save_final_model
 from dapo.config import Config, config_hash, flatten, to_dict
-from dapo.dist.distributed import (barrier, broadcast_object, destroy_distributed, final_state_dict, init_distributed,
-                              set_cpu_threads)
-from dapo.train.evaluate import eval_seed, evaluate
-from dapo.train.logprobs import old_logprobs
-from dapo.dist.preemption import StepBoundarySignal
-from dapo.train.rollout import make_rollout_engine, rollout_with_retry, round_seed
 from dapo.data.run_data import load_run_data
+from dapo.dist.distributed import (barrier, broadcast_object, destroy_distributed, final_state_dict, init_distributed,
+                                   set_cpu_threads)
+from dapo.dist.preemption import StepBoundarySignal
+from dapo.engines.weight_sync import push_weights, release_engine
 from dapo.run_dir import hold_run_dir, run_dir_for
 from dapo.tracking.tracker import mark_run_ended
+from dapo.train.behaviour import Behaviour, Inputs, behaviour_policy
+from dapo.train.checkpoint import latest_checkpoint, load_latest, save_checkpoint, save_final_model
+from dapo.train.evaluate import eval_seed, evaluate
+from dapo.train.logprobs import old_logprobs
+from dapo.train.rollout import make_rollout_engine, rollout_with_retry, round_seed
 from dapo.train.update import NonFiniteError, Policy, build_policy, mean_metrics, update_policy
-from dapo.engines.weight_sync import push_weights, release_engine
 
-__all__ = ["train", "run_dir_for", "main", "Timer"]
+__all__ = ["train", "run_dir_for", "Timer"]
 
 
 class Timer:
@@ -512,15 +511,3 @@ def _fmt(ev: dict[str, float]) -> str:
 def _yaml(d: dict) -> str:
     import yaml
     return yaml.safe_dump(d, sort_keys=False)
-
-
-# =========================================================================== CLI
-def main(argv: list[str] | None = None) -> int:
-    """``dapo train`` / ``python -m dapo.train`` (what ``accelerate launch`` starts): the command
-    line, the input checks and the finished-run check live in :func:`dapo.cli.train_main`."""
-    from dapo.cli import train_main
-    return train_main(sys.argv[1:] if argv is None else list(argv), train)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

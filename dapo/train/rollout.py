@@ -21,9 +21,9 @@ import torch
 
 from dapo import algo, faults
 from dapo.config import Config
-from dapo.dist.distributed import all_gather_strided, rollout_group, split_for_rank
 from dapo.data.rewards import get_scorer
 from dapo.data.run_data import example_key
+from dapo.dist.distributed import all_gather_strided, rollout_group, split_for_rank
 
 __all__ = ["RolloutBatch", "collect_rollouts", "generate_round", "score_round", "DynamicSamplingExhausted", "round_seed",
            "make_rollout_engine", "rollout_with_retry"]
