@@ -210,6 +210,7 @@ def test_smoke_sweep_runs_as_one_array_with_tags_and_status(launched, capsys):
         t = run.data.tags
         assert (t["dapo.sweep"], t["dapo.arm"], t["dapo.seed"], t["dapo.run_id"]) == \
             ("smoke-slurm", j.arm, str(j.seed), j.run_id)
+        assert run.info.run_name == f"smoke-slurm/{j.arm}/s{j.seed}"              # the UI lists runs by arm and seed
         assert run.info.experiment_id and run.data.params["algo.clip.eps_high"] == str(j.config.algo.clip.eps_high)
     L.wait("sacct to say COMPLETED", lambda: set(launcher._sacct(ids).values()) == {"COMPLETED"})
     assert sweep_main(["status", str(SMOKE), "--output", str(L.smoke_out)]) == 0

@@ -12,3 +12,10 @@ def test_the_cpu_a_run_computed_on_is_named_in_its_tags():
     assert ("amx_bf16" in cpu_name()) == (" amx_bf16" in info)
     assert has_bf16() == (" amx_bf16" in info or " avx512_bf16" in info)     # bf16 autocast's test too
     assert environment_tags()["dapo.device"] == f"cpu:{cpu_name()}"
+
+
+def test_a_sweep_job_s_mlflow_run_is_named_by_sweep_arm_and_seed():
+    """`<sweep>/<arm>/s<seed>` for a sweep's job; a run outside a sweep keeps its run id as its name."""
+    from dapo.tracking.tracker import run_name
+    assert run_name("table1-mini", "dapo", 3, "dapo-3-1a2b3c4d") == "table1-mini/dapo/s3"
+    assert run_name("", "", 0, "tiny-dapo-0-1a2b3c4d") == "tiny-dapo-0-1a2b3c4d"

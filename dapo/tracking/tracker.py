@@ -286,6 +286,13 @@ def environment_tags() -> dict[str, str]:
     return tags
 
 
+def run_name(sweep: str, arm: str, seed: int, run_id: str) -> str:
+    """The MLflow run's name: ``<sweep>/<arm>/s<seed>`` for a sweep's job, so the UI lists a sweep's runs by
+    arm and seed (the experiment is the sweep; filter on the tag ``dapo.sweep``); else the run id (the run
+    directory's name). The run id stays a tag (``dapo.run_id``) either way."""
+    return f"{sweep}/{arm}/s{seed}" if sweep and arm else run_id
+
+
 class Tracker:
     """One MLflow run per training run; resumable by its stored run id."""
 

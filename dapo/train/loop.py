@@ -439,7 +439,7 @@ def _start_tracking(cfg: Config, run_dir: Path, state: dict, is_main: bool, tags
                     new_mlflow_run: bool = False) -> tuple[Any, str]:
     """The run's MLflow run (created, or the one this run dir already has; a new one with ``new_mlflow_run``),
     its params and tags; sends the points the last attempt checkpointed but did not send."""
-    from dapo.tracking.tracker import Tracker, default_tracking_uri, environment_tags, git_commit
+    from dapo.tracking.tracker import Tracker, default_tracking_uri, environment_tags, git_commit, run_name
     uri = cfg.logging.tracking_uri or default_tracking_uri(cfg.output_dir)
     id_file = run_dir / "mlflow_run.json"   # written at once, so a crash before the first
     if not state.get("mlflow_run_id") and id_file.exists():   # checkpoint still resumes this run
@@ -451,8 +451,8 @@ def _start_tracking(cfg: Config, run_dir: Path, state: dict, is_main: bool, tags
                   flush=True)
         tags = {**tags, "dapo.history_from_step": state["rollout_step"], "dapo.history_lost": state["mlflow_run_id"]}
         state["mlflow_run_id"] = None
-    tracker = Tracker(uri, cfg.logging.experiment, run_dir.name, run_uuid=state.get("mlflow_run_id"),
-                      enabled=is_main)
+    name = run_name(cfg.logging.sweep, cfg.logging.arm, cfg.train.seed, run_dir.name)
+    tracker = Tracker(uri, cfg.logging.experiment, name, run_uuid=state.get("mlflow_run_id"), enabled=is_main)
     if is_main:
         id_file.write_text(json.dumps({"run_id": tracker.run_uuid, "tracking_uri": uri}))
         tracker.buffer = list(state.get("pending", []))
