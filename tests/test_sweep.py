@@ -168,6 +168,28 @@ def test_finished_run_is_reused_not_rerun(tmp_path: Path):
     assert rec["skipped"] == [{"run_id": jobs[0].run_id, "arm": "grpo", "seed": 0, "reason": "finished"}]
 
 
+def test_a_dry_run_estimates_time_from_finished_runs_or_the_plan(tmp_path: Path, capsys):
+    """A finished run of an arm prices its other seeds (measured: its wall time); an arm without one has no
+    estimate on a CPU profile; on a GPU profile the plan prices every arm; jobs fill `parallel` slots in order."""
+    from dapo.commands.sweep import time_estimate
+    spec = load_spec(write_spec(tmp_path))
+    out = tmp_path / "out"
+    jobs = expand(spec, out)
+    jobs[0].run_dir.mkdir(parents=True)
+    (jobs[0].run_dir / "summary.json").write_text(json.dumps({"wall_s": 7200.0}))   # grpo seed 0: 2 h
+    lines = time_estimate(spec, jobs[1:], load_profile("local"), out, parallel=2)
+    assert "  grpo                     2.00 h a run (measured: mean of 1 finished run(s))" in lines
+    assert any(l.startswith("  clip_higher") and "no estimate" in l for l in lines)
+    assert lines[-1] == "  1 job(s), 2 at a time: ≈ 2.0 h (2.0 h of runs)"
+    paper = load_spec(REPO / "sweeps" / "table1.yaml")
+    lines = time_estimate(paper, expand(paper, out), load_profile("example-gpu-cluster"), out, parallel=2)
+    hours = [float(l.split()[1]) for l in lines[1:-1]]
+    assert len(hours) == 6 and all(h > 1 for h in hours)        # 30B-class runs on 128 GPUs: days, not seconds
+    assert lines[-1].startswith("  6 job(s), 2 at a time: ≈ ")
+    assert sweep_main(["submit", str(write_spec(tmp_path)), "--cluster", "local", "--output", str(out), "--dry-run"]) == 0
+    assert "time estimate (queue waits and requeues not counted):" in capsys.readouterr().out
+
+
 # =========================================================================== validation errors
 @pytest.mark.parametrize("fields, key, words", [
     ({"techniques": [{"name": "t", "overrides": {"algo.clip.eps_hgh": 0.3}}]},

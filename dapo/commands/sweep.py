@@ -29,7 +29,7 @@ from pathlib import Path
 from dapo.config import ConfigError, parse_overrides
 from dapo.helptext import help_text
 from dapo.sweep.cluster import ClusterProfile, check_resources, load_profile
-from dapo.sweep.plan import check_sweep
+from dapo.sweep.plan import check_sweep, run_seconds
 from dapo.sweep.spec import Arm, Job, Spec, arms, check_sources_exist, expand, inert_overrides, load_spec, sweep_info
 from dapo.yaml_checks import check_path
 
@@ -182,11 +182,54 @@ def cmd_submit(args) -> int:
             print("\nwhat each array task runs (the same as these commands, in-process):")
             for i, j in enumerate(rec["jobs"]):
                 print(f"  task {i}: {j['command']}")
+        if rec["jobs"]:
+            todo = {j["run_id"] for j in rec["jobs"]}
+            parallel = (spec.max_concurrent if (args.executor or profile.executor) == "local"
+                        else min(spec.max_concurrent, profile.max_array_parallel))
+            print("\n" + "\n".join(time_estimate(spec, [j for j in expand(spec, args.output) if j.run_id in todo],
+                                                  profile, args.output, parallel)))
         print("\nsbatch script (one array; submitit writes the same):\n" + rec["script"])
         return 0
     if rec.get("executor") == "local" and rec["jobs"]:
         return cmd_status(args)
     return 0
+
+
+def time_estimate(spec: Spec, todo: list, profile: ClusterProfile, output, parallel: int) -> list[str]:
+    """How long the jobs ``todo`` would take: each from the finished runs of its arm under ``output`` (their mean
+    wall time: measured), else from the plan on ``profile`` (:func:`dapo.sweep.plan.run_seconds`); the whole
+    at ``parallel`` jobs at a time, in submission order, each job taking the first free slot. Queue waits and
+    requeues are not counted."""
+    from dapo.commands.runs import run_row
+    walls: dict[str, list[float]] = {}
+    for j in expand(spec, output):
+        row = run_row(j.run_dir, spec.metric, j.arm, j.seed)
+        if row["status"] == "done" and row["wall_s"]:
+            walls.setdefault(j.arm, []).append(row["wall_s"])
+    each: list[tuple[str, float | None, str]] = []
+    planned: dict[str, float | None] = {}
+    for j in todo:
+        if walls.get(j.arm):
+            w = walls[j.arm]
+            each.append((j.arm, sum(w) / len(w), f"measured: mean of {len(w)} finished run(s)"))
+        else:
+            if j.arm not in planned:
+                planned[j.arm] = run_seconds(j.config, profile)
+            each.append((j.arm, planned[j.arm], f"dapo plan on {profile.name}"))
+    out = ["time estimate (queue waits and requeues not counted):"]
+    for arm, secs, how in dict((e[0], e) for e in each).values():
+        out.append(f"  {arm:<24} " + (f"{secs / 3600:.2f} h a run ({how})" if secs is not None else
+                                      f"no estimate (no finished run of this arm under {output}; "
+                                      f"the plan prices GPU profiles only)"))
+    known = [s for _, s, _ in each if s is not None]
+    if known:
+        slots = [0.0] * max(1, parallel)
+        for s in known:
+            i = slots.index(min(slots))
+            slots[i] += s
+        out.append(f"  {len(known)} job(s), {parallel} at a time: ≈ {max(slots) / 3600:.1f} h "
+                   f"({sum(known) / 3600:.1f} h of runs)")
+    return out
 
 
 def cmd_status(args) -> int:

@@ -634,6 +634,22 @@ def check_fits(cfg: Config, profile, a: Assumptions = Assumptions()) -> Plan:
     return memory_plan(cfg, model_shape(cfg.model.path), gpu_gib, a.check())
 
 
+def run_seconds(cfg: Config, profile) -> Optional[float]:
+    """A run's expected wall seconds on ``profile`` by the plan: its steps with the amortized evaluation, at the
+    profile's GPU peak and the default assumptions (checkpoints not counted); None where the plan cannot price
+    it (a CPU profile, no gpu_memory_gib, a model shape it does not know, an arm that does not fit)."""
+    try:
+        peak, _ = gpu_peak(profile)
+        a = Assumptions(peak_tflops=peak)
+        plan = check_fits(cfg, profile, a)
+    except ConfigError:
+        return None
+    if plan.failure is not None:
+        return None
+    ev = eval_time(cfg, plan.shape, a)
+    return (step_time(cfg, plan.shape, a)["step_s"] + (ev["per_step_s"] if ev else 0.0)) * cfg.train.rollout_steps
+
+
 def check_sweep(spec, profile, log=print) -> None:
     """Refuse (ConfigError) a sweep with an arm that does not fit the profile's GPUs.
 
