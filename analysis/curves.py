@@ -188,6 +188,17 @@ class CurveFit:
         return self.status in ("saturated", "not saturated", "flat")
 
 
+FIT_DIGITS = 8
+"""Significant digits kept of a fitted parameter (and its rmse): the optimizer stops at a tolerance far above
+1e-8, and beyond these digits two CPUs' floating-point kernels give different fits of the same points, so a
+committed curve table would not regenerate byte for byte on another machine."""
+
+
+def _significant(x: float, digits: int = FIT_DIGITS) -> float:
+    """x rounded to ``digits`` significant digits (0, ±inf and NaN unchanged)."""
+    return float(f"{x:.{digits - 1}e}") if math.isfinite(x) and x != 0 else x
+
+
 def fit_curve(C, R, *, R0: float | None = None, a_bounds: tuple[float, float] = (0.0, 1.0),
               flat_rise: float = 0.01, saturation: float = SATURATION, scale: float = 1.0) -> CurveFit:
     """Fit :func:`saturating` to points (C, R): C, R: [n] (C ≥ 0; NaNs dropped).
@@ -199,7 +210,8 @@ def fit_curve(C, R, *, R0: float | None = None, a_bounds: tuple[float, float] = 
     points with C > 0; "failed" when no start converges; "flat" when the fitted curve moves less than
     flat_rise within the data, |A − R0| · frac_end < flat_rise (same unit
     as R; ``scale`` only says it in the shown unit); "not saturated" when the share of the rise reached at the largest C is below ``saturation``
-    or C_mid is within 1% (in log) of its upper bound; else "saturated".
+    or C_mid is within 1% (in log) of its upper bound; else "saturated". A, B, log C_mid and the rmse are
+    kept to :data:`FIT_DIGITS` significant digits.
     """
     from scipy.optimize import least_squares
     from scipy.special import expit
@@ -251,10 +263,10 @@ def fit_curve(C, R, *, R0: float | None = None, a_bounds: tuple[float, float] = 
             best = r
     if best is None:
         return CurveFit("failed", "no start converged", R0=R0, n_points=n, c_max=c_hi)
-    A, B, lc = (float(v) for v in best.x)
-    C_mid = math.exp(lc)
+    A, B, lc = (_significant(float(v)) for v in best.x)   # an optimum is not defined finer than this, and the
+    C_mid = math.exp(lc)                                      # last digits differ between CPUs' float kernels
     frac = float(1.0 / (1.0 + (C_mid / c_hi) ** B))
-    rmse = float(np.sqrt(np.mean(best.fun ** 2)))
+    rmse = _significant(float(np.sqrt(np.mean(resid((A, B, lc)) ** 2))))
     base = dict(R0=float(R0), A=A, B=B, C_mid=C_mid, n_points=n, c_max=c_hi, frac_end=frac, rmse=rmse)
     moved = abs(A - R0) * frac                   # what the fitted curve moves within the data
     if moved < flat_rise:

@@ -50,6 +50,18 @@ def test_fit_recovers_known_A_B_and_C_mid(seed):
     assert f.frac_end == pytest.approx(1 / (1 + (f.C_mid / 3e5) ** f.B))
 
 
+def test_a_fit_does_not_depend_on_the_last_digits_of_its_points():
+    """Points changed by 1e-13 (what another CPU's float kernels do to a fit) give the same parameters, kept
+    to FIT_DIGITS significant digits, so a committed curve table regenerates byte for byte elsewhere."""
+    from analysis.curves import FIT_DIGITS
+    rng = np.random.default_rng(3)
+    R = saturating(C_GRID, **TRUE) + np.r_[0.0, rng.normal(0, 0.005, C_GRID.size - 1)]
+    f, g = fit_curve(C_GRID, R), fit_curve(C_GRID, R * (1 + 1e-13))
+    assert (f.A, f.B, f.C_mid, f.rmse) == (g.A, g.B, g.C_mid, g.rmse)
+    for v in (f.A, f.B, f.rmse):
+        assert float(f"{v:.{FIT_DIGITS - 1}e}") == v
+
+
 def test_fit_recovers_a_falling_curve():
     """A below R0 (a technique that harms) is a curve too: exact points give the parameters back."""
     R = saturating(C_GRID, 0.3, 0.1, 2.0, 5e4)
