@@ -6,7 +6,11 @@
 # Qwen2.5-0.5B-shaped random model, printing MFU and the peak memory against `dapo plan`, checks the
 # padding-free update (packed log-probs = padded ones; MFU of uniform vs mixed lengths, padded vs
 # packed), saves and resumes a DCP checkpoint (bit-for-bit check), and runs 2 rollout steps with the
-# transformers engine.
+# transformers engine. Before those, five probes (scripts/device_probes.py; --probes only|none) print
+# one line each beside `dapo plan`'s number: the runtime's memory overhead, the paper-shape logits path
+# (2,048 x 152,064), one Qwen2.5-32B-shaped decoder layer at 22,528 tokens (flash/efficient SDPA only),
+# a DCP async_save of 3 GB, and the C compiler / Python.h with one torch.compile'd step; a probe that
+# fails says why in its line and the rest still run.
 #
 #   bash scripts/device-check.sh [--cpu] [--wheels DIR] [extra arguments of scripts/device_check.py]
 #   bash scripts/device-check.sh --fetch-wheels DIR     # on a machine with a package index, beforehand
@@ -19,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,18p' "$0"; exit 0; fi
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,23p' "$0"; exit 0; fi
 if [ "${1:-}" = "--fetch-wheels" ]; then
   [ -n "${2:-}" ] || { echo "usage: bash scripts/device-check.sh --fetch-wheels DIR" >&2; exit 2; }
   exec "$PYTHON" -m pip download --no-deps --only-binary=:all: --python-version 3.12 \

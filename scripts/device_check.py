@@ -7,6 +7,10 @@ Phases, each driven directly (``dapo train`` needs MLflow; vLLM is not imported:
 ``vllm``, ``mlflow`` or ``submitit`` fails at once):
 
 1. the bf16 (CPU: fp32) matmul rate of this device, measured;
+1b. the probes (``scripts/device_probes.py``, ``--probes only``/``none``), one line each beside ``dapo
+   plan``'s number, a failing one reported in its line: the runtime's memory overhead, the paper-shape
+   logits path, one Qwen2.5-32B-shaped decoder layer at the paper's length, a DCP ``async_save`` of a
+   few GB, the compiler toolchain and one ``torch.compile``d step;
 2. for each shape (``tiny-25m`` and a Qwen2.5-0.5B-shaped random model; ``--cpu``: ``tiny-3m`` and
    a narrower 0.5B-like model), a 1-rank process group (NCCL for CUDA tensors + gloo; ``--cpu``:
    gloo), the model loaded FSDP2-sharded (``dapo.dist.distributed.load_sharded_causal_lm``: bf16
@@ -24,7 +28,8 @@ Phases, each driven directly (``dapo train`` needs MLflow; vLLM is not imported:
 4. 2 rollout steps with the plain-transformers engine on the device (generate, score, advantages,
    update; the engine shares the trainer's weights): the tiny config's loop phases.
 
-Prints one line per result and ``device-check: OK`` at the end (exit 0), or the first failure (exit 1).
+Prints one line per result and ``device-check: OK`` at the end (exit 0; naming the probes that failed,
+if any), or the first failure of phases 2-4 (exit 1).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+import device_probes as probes  # noqa: E402 - stdlib-only at import; torch is imported inside its probes
 FORBIDDEN = ("vllm", "mlflow", "submitit")
 NEEDED = ("torch", "transformers", "accelerate", "safetensors", "tokenizers", "yaml", "numpy")
 
@@ -332,6 +339,30 @@ def rollout_phase(path: Path, d, steps: int = 2) -> None:
             f"update {time.perf_counter() - t:.2f} s ({len(stats)} optimizer steps)")
 
 
+def training_phases(d, root: Path, cpu: bool, tflops: float, tokens: int, chunk: int) -> None:
+    """Phases 2-4 on the two shapes (built under ``root``)."""
+    import torch
+    cuda = d.device.type == "cuda"
+    t = time.perf_counter()
+    models = build_models(root / "models", cpu)
+    say(f"models built in {time.perf_counter() - t:.1f} s: {', '.join(models)}")
+    first = None
+    for name, path in models.items():
+        state = update_phase(name, path, d, cpu, tflops, tokens, chunk)
+        if first is None:
+            first = (state, path)
+        else:
+            del state
+        if cuda:
+            torch.cuda.empty_cache()
+    big = list(models)[-1]
+    packed_phase(big, models[big], d, cpu, tflops, tokens, chunk)
+    if cuda:
+        torch.cuda.empty_cache()
+    checkpoint_phase(first[0], first[1], d, root)
+    rollout_phase(next(iter(models.values())), d)
+
+
 def add_wheels(folder: Path, site: Path) -> list[str]:
     """Unpack every ``*.whl`` in ``folder`` into ``site`` (a wheel is a zip of its import tree; no pip,
     no index) and append ``site`` to ``sys.path``: a package the image has wins over a carried one.
@@ -353,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", action="store_true", help="CPU + gloo, small shapes (tests the script's logic)")
     ap.add_argument("--tokens", type=int, default=None, help="token budget per micro-batch (default 16384; --cpu 256)")
     ap.add_argument("--chunk", type=int, default=None, help="train.logits_chunk_tokens (default 2048; --cpu 64)")
+    ap.add_argument("--probes", choices=("all", "only", "none"), default="all",
+                    help="run the probes (scripts/device_probes.py) and phases 2-4 (all), only the probes, or none")
     ap.add_argument("--workdir", default=None, help="where the models and the checkpoint go (default: a temp dir)")
     ap.add_argument("--wheels", default=None, help="a folder of carried wheels (e.g. accelerate, psutil) for "
                     "packages the image lacks: unpacked under the workdir and put after the image's own")
@@ -384,35 +417,26 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
+    snaps: list[dict[str, float]] = []
+    probes.take_snapshot(snaps, device)                     # CUDA: creates the context, nothing allocated yet
     tflops = matmul_tflops(device, dtype, 8192 if cuda else 512)
+    probes.take_snapshot(snaps, device)
     say(f"matmul rate ({'bf16' if cuda else 'fp32'}, measured): {tflops:.2f} TFLOP/s")
     if a.workdir:
         Path(a.workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=a.workdir) as tmp:
         root = Path(tmp)
         d = init_group(cuda)
-        models = build_models(root / "models", a.cpu)
-        say(f"models built in {time.perf_counter() - t0:.1f} s: {', '.join(models)}")
-        first = None
-        for name, path in models.items():
-            state = update_phase(name, path, d, a.cpu, tflops, tokens, chunk)
-            if first is None:
-                first = (state, path)
-            else:
-                del state
-            if cuda:
-                torch.cuda.empty_cache()
-        big = list(models)[-1]
-        packed_phase(big, models[big], d, a.cpu, tflops, tokens, chunk)
-        if cuda:
-            torch.cuda.empty_cache()
-        checkpoint_phase(first[0], first[1], d, root)
-        rollout_phase(next(iter(models.values())), d)
+        probes.take_snapshot(snaps, device)
+        failed = probes.run_probes(device, a.cpu, tflops, snaps, root / "probes") if a.probes != "none" else []
+        if a.probes != "only":
+            training_phases(d, root, a.cpu, tflops, tokens, chunk)
         torch.distributed.destroy_process_group()
     loaded = sorted(m for m, mod in sys.modules.items() if m.split(".")[0] in FORBIDDEN and mod is not None)
     if loaded:
         raise SystemExit(f"device-check: imported {loaded}")
-    say(f"device-check: OK in {time.perf_counter() - t0:.0f} s")
+    note = f" (probes failed: {', '.join(failed)})" if failed else ""
+    say(f"device-check: OK in {time.perf_counter() - t0:.0f} s{note}")
     return 0
 
 
