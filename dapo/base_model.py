@@ -81,7 +81,7 @@ class Recipe:
     seed: int = 0  # model init, data stream ("sft:<seed>") and eval sampling
     n_ops: tuple[int, int] = (1, 3)  # operations per training problem, drawn uniformly
     operand_max: int = 12  # operands are integers in [1, operand_max]
-    bf16: bool = True  # bf16 autocast for the supervised forward/backward
+    bf16: bool = True  # bf16 autocast for the supervised forward/backward, where the CPU has bf16 (hardware.has_bf16)
     cap: int = 40  # response-length cap (tokens, EOS included) the numbers refer to
     report_caps: tuple[int, ...] = (32, 36, 40, 44, 48)  # caps also reported
     eval_problems: int = 200  # first k problems of arith-eval (stratified: 1,2,3,1,2,3,...)
@@ -203,7 +203,10 @@ def _train(model, tokenizer, recipe: Recipe, *, progress: bool = True) -> dict[s
     import torch.nn.functional as F
     from tqdm import tqdm
 
+    from dapo.hardware import has_bf16
+
     model.train()
+    bf16 = recipe.bf16 and has_bf16()   # as training (dapo.train.update.bf16_autocast): emulated bf16 is ~20x slower
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95),
                             weight_decay=recipe.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, recipe))
@@ -216,7 +219,7 @@ def _train(model, tokenizer, recipe: Recipe, *, progress: bool = True) -> dict[s
         n_target = sum(int((labels[:, 1:] != -100).sum()) for _, labels, _ in chunks)
         loss = 0.0
         for ids, labels, mask in chunks:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 logits = model(input_ids=ids, attention_mask=mask).logits  # [B_c, T_c, V]
             ce = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(),
                                  ignore_index=-100, reduction="mean" if len(chunks) == 1 else "sum")
@@ -232,7 +235,7 @@ def _train(model, tokenizer, recipe: Recipe, *, progress: bool = True) -> dict[s
     bar.close()
     tail = losses[-max(1, len(losses) // 10):]
     return {"train_loss_first": losses[0], "train_loss_last10pct": sum(tail) / len(tail),
-            "train_tokens": n_tokens}
+            "train_tokens": n_tokens, "bf16_autocast": bf16}
 
 
 # --------------------------------------------------------------------------- eval
@@ -399,6 +402,7 @@ def _train_into(tmp: Path, tok, recipe: Recipe, h: str, start: tuple, *, progres
     """
     import torch
 
+    from dapo.hardware import cpu_name
     from dapo.models import TINY_PRESETS, build_tiny_qwen2, load_model, save_pretrained
 
     t_start, cpu_start, load_start = start
@@ -419,6 +423,7 @@ def _train_into(tmp: Path, tok, recipe: Recipe, h: str, start: tuple, *, progres
         "parameters": n_params,
         "versions": _versions(),
         "threads": torch.get_num_threads(),
+        "cpu": cpu_name(),
         "train": {**train, "seconds": round(train_s, 1),
                   "seconds_per_step": round(train_s / recipe.steps, 3)},
         "eval": ev,

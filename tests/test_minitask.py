@@ -186,6 +186,8 @@ def test_tiny_sft_run_writes_record_and_reuses(tmp_path, monkeypatch):
     assert stored["recipe"]["steps"] == 20 and stored["seed"] == 0
     assert {"torch", "transformers"} <= set(stored["versions"])
     assert rec["train"]["train_loss_last10pct"] < rec["train"]["train_loss_first"]
+    from dapo.hardware import cpu_name, has_bf16
+    assert rec["train"]["bf16_autocast"] is has_bf16() and stored["cpu"] == cpu_name()   # bf16 only where native
     m = rec["eval"]["at_cap"]["all"]
     assert m["problems"] == 6 and 0.0 <= m["acc"] <= 1.0
     assert 0 < m["response_len_mean"] <= 24
@@ -210,6 +212,34 @@ def test_tiny_sft_run_writes_record_and_reuses(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="retrained"):
         base_model.build_base_model(out, progress=False, **{**TINY, "steps": 21})
     assert json.loads((out / "base_model.json").read_text())["recipe"]["steps"] == 20
+
+
+def test_the_base_model_autocasts_bf16_only_where_the_cpu_has_it(tmp_path, monkeypatch):
+    """Emulated bf16 (a CPU without AVX512-BF16 / AMX) is ~20× slower than fp32: the supervised steps then run in
+    fp32, as the training loop's bf16_autocast does; a recipe with bf16 off never autocasts."""
+    import dataclasses
+
+    import torch
+
+    from dapo import base_model, hardware
+    from dapo.models import TINY_PRESETS, build_char_tokenizer, build_tiny_qwen2, load_model
+    recipe = base_model.Recipe(**{**{k: v for k, v in TINY.items() if k != "threads"}, "steps": 1, "warmup_steps": 0,
+                                  "batch_size": 2})
+    tok = build_char_tokenizer()
+    build_tiny_qwen2(tmp_path / "init", seed=0, tokenizer=tok, **TINY_PRESETS[recipe.preset])
+    seen, real = [], torch.autocast
+
+    def spy(device, dtype=None, enabled=True, **kw):
+        seen.append(enabled)
+        return real(device, dtype=dtype, enabled=enabled, **kw)
+
+    monkeypatch.setattr(torch, "autocast", spy)
+    for native, bf16, want in ((False, True, False), (True, True, True), (True, False, False)):
+        monkeypatch.setattr(hardware, "has_bf16", lambda: native)
+        seen.clear()
+        r = base_model._train(load_model(tmp_path / "init", dtype="float32"), tok,
+                              dataclasses.replace(recipe, bf16=bf16), progress=False)
+        assert seen and set(seen) == {want} and r["bf16_autocast"] is want
 
 
 def test_refuses_to_replace_a_foreign_directory(tmp_path):
