@@ -63,7 +63,7 @@ def check_compile_toolchain(cfg: Config, cuda: bool | Callable[[], bool], *, whi
     is missing and ``rollout.enforce_eager=true``) before the model or the engine is loaded. ``cuda``:
     whether this job's engine runs on CUDA, or a function that asks (called only when it matters: ``dapo
     train`` asks torch; a sweep job knows from its resources). Called where a job starts:
-    ``dapo.sweep.launcher.RunJob`` on every node, ``dapo train``."""
+    ``dapo.sweep.jobs.RunJob`` on every node, ``dapo train``."""
     if cfg.rollout.engine != "vllm" or cfg.rollout.enforce_eager or not (cuda() if callable(cuda) else cuda):
         return
     problem = toolchain_problem(which, include_dir)

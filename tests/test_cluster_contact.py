@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dapo.sweep import jobs as sweep_jobs, state as sweep_state
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,13 +115,13 @@ def test_usr2_reaches_the_ranks_that_torchrun_starts_in_sessions_of_their_own(tm
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(_free_port()), str(script), str(tmp_path)]
-    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=launcher._ignore_usr2, env=env,
+    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=sweep_jobs._ignore_usr2, env=env,
                             stdout=subprocess.DEVNULL, stderr=(tmp_path / "torchrun.log").open("w"))
     try:
         _wait_for(lambda: (tmp_path / "step0").exists() and (tmp_path / "step1").exists(), 90, "both ranks' first step")
-        ranks = [p for p in launcher.process_tree(proc.pid) if launcher.catches_signal(p, signal.SIGUSR2)]
+        ranks = [p for p in sweep_state.process_tree(proc.pid) if sweep_state.catches_signal(p, signal.SIGUSR2)]
         assert len(ranks) == 2 and all(os.getsid(p) not in (proc.pid, os.getsid(0)) for p in ranks)  # own sessions
-        assert not launcher.catches_signal(proc.pid, signal.SIGUSR2)        # the agent ignores it
+        assert not sweep_state.catches_signal(proc.pid, signal.SIGUSR2)        # the agent ignores it
 
         immediate = launcher.RunJob({"checkpoint": {"on_preempt": "immediate"}}, str(tmp_path), max_requeues=1,
                                     signal_delay_s=60)
@@ -140,7 +141,7 @@ def test_usr2_reaches_the_ranks_that_torchrun_starts_in_sessions_of_their_own(tm
         assert (tmp_path / "checkpoint0").read_text() == (tmp_path / "checkpoint1").read_text()   # the same step
         assert waited < 25, waited                                          # back when torchrun ended, not at 30 s
     finally:
-        for p in reversed(launcher.process_tree(proc.pid)):
+        for p in reversed(sweep_state.process_tree(proc.pid)):
             try:
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
@@ -177,7 +178,7 @@ def test_killing_the_printed_local_job_or_cancelling_the_sweep_leaves_no_trainer
     fake = functools.partial(subprocess.call, [sys.executable, "-c", _TRAINER, str(tmp_path)])
     monkeypatch.setattr(launcher, "_make_job", lambda spec, job, profile: fake)
     monkeypatch.setattr(launcher, "_init_tracking", lambda jobs, profile: None)   # no store needed
-    alive = lambda pid: launcher._local_alive(str(pid), "")                        # noqa: E731 (a zombie is dead)
+    alive = lambda pid: sweep_state._local_alive(str(pid), "")                        # noqa: E731 (a zombie is dead)
     trainers: list[int] = []
 
     def started(n: int) -> tuple[int, int]:
@@ -200,7 +201,7 @@ def test_killing_the_printed_local_job_or_cancelling_the_sweep_leaves_no_trainer
         job2, trainer2 = started(2)
         assert alive(trainer2)
         launcher.cancel(spec, out, log=logs.append)
-        assert not alive(trainer2) and not launcher.job_processes(
+        assert not alive(trainer2) and not sweep_state.job_processes(
             launcher.load_records(out, spec.name)["submissions"][-1]["jobs"][1]["tag"])
         thread.join(30)
         assert not thread.is_alive()

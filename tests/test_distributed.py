@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dapo.sweep import jobs as sweep_jobs
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -520,9 +521,8 @@ def test_the_launcher_tells_a_gpu_jobs_processes_to_expect_cuda(tmp_path, monkey
     """A job whose resources ask for GPUs exports DAPO_EXPECT_CUDA=1 to the processes it starts; a rank
     that then finds no CUDA is one `error:` line from `dapo train`, exit status 1."""
     from dapo.dist import distributed
-    from dapo.sweep import launcher
     _no_cuda(monkeypatch)
-    assert launcher.EXPECT_CUDA_ENV == distributed.EXPECT_CUDA_ENV
+    assert sweep_jobs.EXPECT_CUDA_ENV == distributed.EXPECT_CUDA_ENV
     # the job sets DAPO_EXPECT_CUDA in its own process, here pytest's: taken back below, or every later
     # test that starts a run would expect a GPU
     monkeypatch.delenv("DAPO_EXPECT_CUDA", raising=False)
@@ -541,7 +541,7 @@ def _launch_a_gpu_job_and_train_without_cuda(tmp_path, monkeypatch, capsys):
                  "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}.items():
         monkeypatch.setenv(k, v)
     seen = []
-    monkeypatch.setattr(launcher, "run_launcher", lambda cmd, job: seen.append(os.environ.get("DAPO_EXPECT_CUDA")) or 0)
+    monkeypatch.setattr(sweep_jobs, "run_launcher", lambda cmd, job: seen.append(os.environ.get("DAPO_EXPECT_CUDA")) or 0)
     spec = load_spec(REPO / "sweeps" / "table1.yaml")          # 16 nodes x 8 GPUs
     launcher._make_job(spec, expand(spec, tmp_path)[0], load_profile("example-gpu-cluster"))()
     assert seen == ["1"]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dapo.sweep import jobs as sweep_jobs
 
 REPO = Path(__file__).resolve().parents[1]
 PG_TIMEOUT_S = 60
@@ -303,7 +304,7 @@ def test_a_multi_process_job_passes_usr2_to_its_ranks_and_waits_for_their_checkp
     job = launcher.RunJob({"checkpoint": {"on_preempt": "step_boundary"}}, str(tmp_path), max_requeues=1,
                           signal_delay_s=120)
     job._proc = subprocess.Popen([sys.executable, "-c", _RANK, str(tmp_path)], start_new_session=True,
-                                 preexec_fn=launcher._ignore_usr2, env={**os.environ, "PYTHONPATH": str(REPO)})
+                                 preexec_fn=sweep_jobs._ignore_usr2, env={**os.environ, "PYTHONPATH": str(REPO)})
     end = time.monotonic() + 60
     while not (tmp_path / "step").exists() and time.monotonic() < end:
         time.sleep(0.1)

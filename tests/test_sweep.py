@@ -19,6 +19,7 @@ from dapo.commands.sweep import expand, load_profile, load_spec, main as sweep_m
 from dapo.config import ConfigError, config_hash
 from dapo.sweep.cluster import check_resources
 from dapo.sweep.spec import arms
+from dapo.sweep import jobs as sweep_jobs, records as sweep_records, state as sweep_state
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -389,11 +390,11 @@ def test_status_maps_slurm_states_and_shows_the_failed_log(tmp_path: Path, monke
     states = ["PENDING", "RUNNING", "REQUEUED", "COMPLETED", "FAILED", "CANCELLED"]
     entries = [{"run_id": j.run_id, "arm": j.arm, "seed": j.seed, "run_dir": str(j.run_dir), "job_id": f"7_{i}"}
                for i, j in enumerate(jobs)]
-    launcher._write_json(tmp_path / "sweeps" / "s" / "submissions.json",
+    sweep_records._write_json(tmp_path / "sweeps" / "s" / "submissions.json",
                          {"sweep": "s", "submissions": [{"executor": "slurm", "folder": str(folder), "jobs": entries}]})
     jobs[3].run_dir.mkdir(parents=True)
     (jobs[3].run_dir / "summary.json").write_text("{}")
-    monkeypatch.setattr(launcher, "_sacct", lambda ids: {f"7_{i}": s for i, s in enumerate(states)})
+    monkeypatch.setattr(sweep_state, "_sacct", lambda ids: {f"7_{i}": s for i, s in enumerate(states)})
     rows = launcher.status(spec, tmp_path)
     assert [r["state"] for r in rows] == ["pending", "running", "requeued", "done", "failed", "failed"]
     assert rows[4]["detail"] == "FAILED" and rows[4]["log_tail"].splitlines()[-1] == "ValueError: boom"
@@ -420,7 +421,7 @@ def test_a_multi_node_job_starts_accelerate_with_its_node_rank(tmp_path: Path, m
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     calls = []
-    monkeypatch.setattr(launcher, "run_launcher", lambda cmd, job: calls.append(cmd) or 0)
+    monkeypatch.setattr(sweep_jobs, "run_launcher", lambda cmd, job: calls.append(cmd) or 0)
     job = launcher.RunJob(to_dict(cfg), str(tmp_path), max_requeues=1, python="/venv/bin/python")
     assert job() is None                                           # only node 0 returns the summary
     [cmd] = calls
@@ -435,13 +436,12 @@ def test_a_multi_node_job_starts_accelerate_with_its_node_rank(tmp_path: Path, m
 
 def _node1_env(monkeypatch) -> list:
     """Slurm's environment of node 1 of a 2-node job; accelerate is not run: its argv is recorded."""
-    from dapo.sweep import launcher
     env = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "4321", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
            "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     calls: list = []
-    monkeypatch.setattr(launcher, "run_launcher", lambda cmd, job: calls.append(cmd) or 0)
+    monkeypatch.setattr(sweep_jobs, "run_launcher", lambda cmd, job: calls.append(cmd) or 0)
     return calls
 
 
@@ -487,22 +487,21 @@ def test_a_sweep_expanded_elsewhere_gives_its_jobs_the_absolute_accelerate_confi
 def test_cancelling_a_local_job_kills_its_whole_process_tree():
     """A local job is `sh -c ... && python -m submitit.local._local` → controller → task; all must go,
     even with SIGINT ignored (as for anything started from a background shell)."""
-    from dapo.sweep import launcher
     py = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
     shell = subprocess.Popen(["sh", "-c", f"{shlex_quote(sys.executable)} -c {shlex_quote(py)} submitit-task & "
                               f"{shlex_quote(sys.executable)} -c {shlex_quote(py)} submitit-controller; : submitit"],
                              preexec_fn=lambda: __import__("signal").signal(2, 1))
     deadline = time.monotonic() + 20
-    while len(launcher._local_tree(str(shell.pid))) < 3 and time.monotonic() < deadline:
+    while len(sweep_state._local_tree(str(shell.pid))) < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
-    tree = launcher._local_tree(str(shell.pid))
+    tree = sweep_state._local_tree(str(shell.pid))
     assert len(tree) == 3 and tree[-1] == shell.pid
-    launcher._kill_local(str(shell.pid))
+    sweep_state._kill_local(str(shell.pid))
     shell.wait(10)                                                 # ended (killed, or its child was)
     deadline = time.monotonic() + 10
-    while any(launcher._local_alive(str(p)) for p in tree) and time.monotonic() < deadline:
+    while any(sweep_state._local_alive(str(p)) for p in tree) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(launcher._local_alive(str(p)) for p in tree)
+    assert not any(sweep_state._local_alive(str(p)) for p in tree)
 
 
 def test_status_when_sacct_is_silent(tmp_path: Path, monkeypatch):
@@ -511,12 +510,12 @@ def test_status_when_sacct_is_silent(tmp_path: Path, monkeypatch):
     jobs = expand(spec, tmp_path)
     sub = {"executor": "slurm", "folder": str(tmp_path), "time": "2020-01-01T00:00:00+00:00",
            "jobs": [{"run_id": j.run_id, "arm": j.arm, "seed": j.seed, "job_id": f"9_{i}"} for i, j in enumerate(jobs)]}
-    launcher._write_json(tmp_path / "sweeps" / "s" / "submissions.json", {"sweep": "s", "submissions": [sub]})
-    monkeypatch.setattr(launcher, "_sacct", lambda ids: None)           # Slurm unreachable: never resubmit blindly
+    sweep_records._write_json(tmp_path / "sweeps" / "s" / "submissions.json", {"sweep": "s", "submissions": [sub]})
+    monkeypatch.setattr(sweep_state, "_sacct", lambda ids: None)           # Slurm unreachable: never resubmit blindly
     assert {r["state"] for r in launcher.status(spec, tmp_path)} == {"unknown"}
     rec = launcher.submit(spec, load_profile("local"), tmp_path, dry_run=True, log=lambda *_: None)
     assert rec["jobs"] == [] and len(rec["skipped"]) == 2
-    monkeypatch.setattr(launcher, "_sacct", lambda ids: {})             # sacct answers but forgot the jobs
+    monkeypatch.setattr(sweep_state, "_sacct", lambda ids: {})             # sacct answers but forgot the jobs
     rows = launcher.status(spec, tmp_path)
     assert {r["state"] for r in rows} == {"failed"} and "unknown to sacct" in rows[0]["detail"]
 
@@ -567,10 +566,10 @@ def test_two_submissions_of_one_sweep_keep_both_records(tmp_path):
     path = tmp_path / "sweeps" / "s" / "submissions.json"
     a = {"id": "A", "executor": "local", "jobs": [{"run_id": "r1", "job_id": None}]}
     b = {"id": "B", "executor": "local", "jobs": [{"run_id": "r2", "job_id": None}]}
-    launcher._save_record(path, "s", a)
-    launcher._save_record(path, "s", b)
+    sweep_records._save_record(path, "s", a)
+    sweep_records._save_record(path, "s", b)
     a["jobs"][0]["job_id"] = "101"                      # A starts its job and saves again
-    launcher._save_record(path, "s", a)
+    sweep_records._save_record(path, "s", a)
     subs = launcher.load_records(tmp_path, "s")["submissions"]
     assert [s["id"] for s in subs] == ["A", "B"] and subs[0]["jobs"][0]["job_id"] == "101"
     ctx = mp.get_context("fork")                        # and from several processes at once: nothing lost
@@ -585,8 +584,7 @@ def test_two_submissions_of_one_sweep_keep_both_records(tmp_path):
 
 
 def _save_many(path, key):
-    from dapo.sweep import launcher
     rec = {"id": key, "executor": "local", "jobs": [{"run_id": key, "job_id": None}]}
     for i in range(30):
         rec["jobs"][0]["job_id"] = str(i)
-        launcher._save_record(path, "s", rec)
+        sweep_records._save_record(path, "s", rec)

@@ -25,6 +25,7 @@ except ImportError:  # ... or tests is a package
 
 from dapo.commands.sweep import expand, load_profile, load_spec, main as sweep_main
 from dapo.sweep import launcher
+from dapo.sweep import state as sweep_state
 
 pytestmark = pytest.mark.slurm
 
@@ -212,7 +213,7 @@ def test_smoke_sweep_runs_as_one_array_with_tags_and_status(launched, capsys):
             ("smoke-slurm", j.arm, str(j.seed), j.run_id)
         assert run.info.run_name == f"smoke-slurm/{j.arm}/s{j.seed}"              # the UI lists runs by arm and seed
         assert run.info.experiment_id and run.data.params["algo.clip.eps_high"] == str(j.config.algo.clip.eps_high)
-    L.wait("sacct to say COMPLETED", lambda: set(launcher._sacct(ids).values()) == {"COMPLETED"})
+    L.wait("sacct to say COMPLETED", lambda: set(sweep_state._sacct(ids).values()) == {"COMPLETED"})
     assert sweep_main(["status", str(SMOKE), "--output", str(L.smoke_out)]) == 0
     out = capsys.readouterr().out
     assert "sweep smoke-slurm: 4 done" in out and out.count(" done ") == 4

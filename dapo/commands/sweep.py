@@ -200,12 +200,12 @@ def time_estimate(spec: Spec, todo: list, profile: ClusterProfile, output, paral
     wall time: measured), else from the plan on ``profile`` (:func:`dapo.sweep.plan.run_seconds`); the whole
     at ``parallel`` jobs at a time, in submission order, each job taking the first free slot. Queue waits and
     requeues are not counted."""
-    from dapo.commands.runs import run_row
+    from dapo.preflight import finished_summary
     walls: dict[str, list[float]] = {}
     for j in expand(spec, output):
-        row = run_row(j.run_dir, spec.metric, j.arm, j.seed)
-        if row["status"] == "done" and row["wall_s"]:
-            walls.setdefault(j.arm, []).append(row["wall_s"])
+        wall = (finished_summary(j.run_dir) or {}).get("wall_s")
+        if isinstance(wall, (int, float)) and not isinstance(wall, bool) and wall > 0:
+            walls.setdefault(j.arm, []).append(float(wall))
     each: list[tuple[str, float | None, str]] = []
     planned: dict[str, float | None] = {}
     for j in todo:
