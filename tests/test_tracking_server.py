@@ -323,7 +323,7 @@ def test_server_stopped_mid_run_fails_clearly_then_resumes(pg, server, tmp_path,
     (rc, out), = finish([p], timeout=300)
     assert rc == 1, out[-3000:]
     last = out.strip().splitlines()[-1]
-    assert re.match(rf"dapo\.tracking\.TrackingError: MLflow store {re.escape(uri)}: .* failed 3 times \(.*\); "
+    assert re.match(rf"dapo\.tracking\.tracker\.TrackingError: MLflow store {re.escape(uri)}: .* failed 3 times \(.*\); "
                     r"the run is resumable from its last checkpoint", last), last
     assert "Connection refused" in last or "Max retries exceeded" in last, last
     stopped_at = json.loads(state.read_text())["step"]
