@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_two_step_mini_sweep_from_base_model_to_report(tmp_path):
-    from dapo.train.loop import resolve_policy_path
+    from dapo.base_model import resolve_policy_path
     base = resolve_policy_path("mini-base:150")  # the cached quick base model of test_train
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     sets = [f"model.path={base}", "train.rollout_steps=2", "eval.every=1",

@@ -161,7 +161,7 @@ def test_preempted_in_a_rollout_and_in_an_update_resumes_and_matches_an_uninterr
 def test_one_preemption_too_many_fails_clearly_and_keeps_the_checkpoint(jobs):
     from dapo.models import load_model
     from dapo.train.checkpoint import latest_checkpoint, load_checkpoint
-    from dapo.train.loop import resolve_policy_path
+    from dapo.base_model import resolve_policy_path
     J = jobs["limit"]
     row = J.wait("the job to fail", lambda: (lambda r: r if r["state"] in ("done", "failed") else None)(J.row()))
     log = J.log_path().read_text()
