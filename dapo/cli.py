@@ -49,7 +49,7 @@ INTERRUPTED = 130
 USAGE = "usage: dapo <command> [args]   (dapo <command> --help for details; dapo --version)\n\ncommands:\n" + "\n".join(
     f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()) + """
 
-Every command reads the same typed config (dapo/config.py). Examples:
+Every command reads the same typed config (dapo/config/). Examples:
   dapo train experiments/tiny-dapo.yaml train.rollout_steps=3
   dapo config experiments/paper-dapo-32b.yaml --keys
   dapo runs --output runs

@@ -209,7 +209,7 @@ def test_each_wrong_type_names_the_key_and_the_allowed_values(tmp_path):
         assert str(path) in str(err.value) and key in str(err.value) and words in str(err.value), str(err.value)
 
 
-# Gaps the fuzzing found in dapo/config.py and dapo/sweep/spec.py, fixed; kept as regressions.
+# Gaps the fuzzing found in dapo/config/ and dapo/sweep/spec.py, fixed; kept as regressions.
 def test_non_utf8_experiment_is_a_config_error(tmp_path):
     path = tmp_path / "latin1.yaml"
     path.write_bytes("name: caf\xe9\n".encode("latin-1"))
