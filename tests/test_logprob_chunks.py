@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dapo import algo
 from dapo.train.logprobs import token_entropy, token_logprobs
 
 V = 70_000          # dapo.algo's default row chunk at this vocabulary: max(16, 2**22 // V) = 59 rows
