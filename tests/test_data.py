@@ -535,3 +535,14 @@ def test_run_data_puts_eval_sets_in_the_training_template(tokenizers):
     plain, _ = data.load_dataset("arith-eval", limit=1)
     assert ex.prompt != plain[0].prompt and plain[0].prompt in ex.prompt and "boxed" in ex.prompt
     assert ex.scorer == data.TEMPLATE_SCORER["boxed"] != plain[0].scorer
+
+
+def test_python_m_dapo_data_lists_the_sets_and_reports_a_file(tmp_path):
+    """The data checker: no name lists the registered sets; a file is loaded as a run would, its rows counted."""
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "dapo.data"], capture_output=True, text=True, cwd=repo, check=True).stdout
+    assert "arith-eval" in out and "aime24" in out
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
+    p = subprocess.run([sys.executable, "-m", "dapo.data", str(f), "--show", "0"], capture_output=True, text=True, cwd=repo)
+    assert p.returncode == 0 and "1/2 rows kept" in p.stdout and "missing answer: 1" in p.stdout, p.stdout + p.stderr

@@ -407,7 +407,7 @@ def test_bad_rows_are_counted_reported_and_dropped(store, tmp_path, capsys):
     assert summary["rollout_steps"] == 1
     from mlflow.tracking import MlflowClient
     tags = MlflowClient(tracking_uri=store).get_run(summary["mlflow_run_id"]).data.tags
-    assert "4/10 rows kept" in tags["dapo.data.datasets.train"] and tags["dapo.data.datasets.too_long_prompts"] == "1"
+    assert "4/10 rows kept" in tags["dapo.data.train"] and tags["dapo.data.too_long_prompts"] == "1"
 
 
 def test_bad_rows_with_on_bad_fail_stop_naming_the_row(store, tmp_path):

@@ -574,7 +574,7 @@ def load_dataset(
 def _main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m dapo.data.datasets", description="Load a data set and report.")
+    p = argparse.ArgumentParser(prog="python -m dapo.data", description="Load a data set and report.")
     p.add_argument("name", nargs="?", help="registry name, file path or hf:<id>[:split]")
     p.add_argument("--template", choices=TEMPLATES)
     p.add_argument("--limit", type=int)

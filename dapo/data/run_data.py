@@ -85,8 +85,8 @@ def load_run_data(cfg: Config, tokenizer, log) -> tuple[Any, dict[tuple, list[in
     prompt_tokens = _tokenize(kept, tokenizer, use_chat)
     sampler = PromptSampler(train_examples, batch_size=cfg.gen_batch_prompts, seed=cfg.train.seed,
                             drop_solved=cfg.data.drop_solved)
-    tags = {"dapo.data.datasets.train": report.summary(), "dapo.data.datasets.too_long_prompts": too_long,
-            "dapo.data.datasets.train_eval_overlap": sum(overlap.values())}
+    tags = {"dapo.data.train": report.summary(), "dapo.data.too_long_prompts": too_long,
+            "dapo.data.train_eval_overlap": sum(overlap.values())}
     return sampler, prompt_tokens, eval_sets, tags
 
 
