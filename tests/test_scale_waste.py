@@ -320,9 +320,10 @@ def test_a_multi_process_job_passes_usr2_to_its_ranks_and_waits_for_their_checkp
 def test_device_check_script_runs_its_phases_on_cpu_without_vllm_or_mlflow(tmp_path):
     """scripts/device-check.sh --cpu: the same phases as on a GPU (1-rank FSDP2 update on two shapes with
     the plan's prediction, packed = padded log-probs and the padded/packed MFU on uniform and mixed
-    lengths, DCP save and resume, 2 transformers-engine rollout steps), gloo, small shapes;
+    lengths, DCP save and resume, 2 transformers-engine rollout steps), gloo, small shapes (the probes run in
+    tests/test_device_probes.py);
     the driver makes vllm/mlflow/submitit unimportable, so any import of them fails the run."""
-    p = subprocess.run(["bash", "scripts/device-check.sh", "--cpu", "--tokens", "64", "--chunk", "16",
+    p = subprocess.run(["bash", "scripts/device-check.sh", "--cpu", "--tokens", "64", "--chunk", "16", "--probes", "none",
                         "--workdir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"})
     out = p.stdout + p.stderr
