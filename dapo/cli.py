@@ -159,16 +159,27 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def parse_or_usage(parser: argparse.ArgumentParser, argv: list[str] | None, examples: str, *,
+                   intermixed: bool = False) -> tuple[list[str], argparse.Namespace] | None:
+    """A subcommand's (argv, arguments): ``argv`` (None: ``sys.argv[1:]``) parsed by ``parser``; None after its
+    usage and ``examples`` are printed to stderr when no argument was given (the command then exits 2)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print(parser.format_usage() + examples, file=sys.stderr)
+        return None
+    return argv, (parser.parse_intermixed_args(argv) if intermixed else parser.parse_args(argv))
+
+
 def train_main(argv: list[str], train_fn=None) -> int:
     """``dapo train``: every input is checked (config, data, model, eval sets) before the run
     directory exists; one line and exit status 2 for each problem. A finished run exits at once.
 
     ``train_fn`` is :func:`dapo.train.loop.train` (``python -m dapo.train`` passes it; ``dapo train`` loads the
     module by name, as every subcommand is loaded, once the inputs are known to be good)."""
-    if not argv:
-        print(train_parser().format_usage() + TRAIN_EXAMPLE, file=sys.stderr)
+    got = parse_or_usage(train_parser(), argv, TRAIN_EXAMPLE)
+    if got is None:
         return 2
-    a = train_parser().parse_args(argv)
+    argv, a = got
     from dapo.config import ConfigError, load_config, show, to_dict
     from dapo.preflight import check_history, check_run, check_writable, finished_summary
     from dapo.run_dir import RunDirBusy, check_run_dir, hold_run_dir, run_dir_for

@@ -244,11 +244,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        print(parser().format_usage() + EXAMPLES, file=sys.stderr)
+    from dapo.cli import parse_or_usage
+    got = parse_or_usage(parser(), argv, EXAMPLES)
+    if got is None:
         return 2
-    a = parser().parse_args(argv)
+    _, a = got
     try:
         ra, rb = read_run(a.run_a, "RUN_A"), read_run(a.run_b, "RUN_B")
         cfg = config_diff(ra["config"], rb["config"])

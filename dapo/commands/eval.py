@@ -483,11 +483,11 @@ def _log_mlflow(result: dict[str, Any], target: Target, cfg, out: Path) -> str |
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        print(parser().format_usage() + EXAMPLES, file=sys.stderr)
+    from dapo.cli import parse_or_usage
+    got = parse_or_usage(parser(), argv, EXAMPLES, intermixed=True)
+    if got is None:
         return 2
-    a = parser().parse_intermixed_args(argv)
+    argv, a = got
     if a.step == "all":
         return _all_steps(a, argv)
     try:

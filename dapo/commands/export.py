@@ -188,11 +188,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        print(parser().format_usage() + EXAMPLES, file=sys.stderr)
+    from dapo.cli import parse_or_usage
+    got = parse_or_usage(parser(), argv, EXAMPLES)
+    if got is None:
         return 2
-    a = parser().parse_args(argv)
+    argv, a = got
     try:
         info = export(a.run, a.step, a.to, dtype=a.dtype, force=a.force, argv=argv)
     except ExportError as exc:
